@@ -1,0 +1,31 @@
+# Two entry points (DESIGN.md set-up contract): both create or reuse .venv/ and install into it.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.install-stamp
+PIP_FLAGS := --disable-pip-version-check -q
+
+.PHONY: install demo test lint bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+# Reinstall only when the dependency declarations change.
+$(STAMP): pyproject.toml constraints-cpu.txt | $(BIN)/python
+	$(BIN)/pip install $(PIP_FLAGS) -c constraints-cpu.txt -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/rlhfops simulate E2
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -n 2
+
+bench: install
+	$(BIN)/rlhfops bench sim --out bench-sim.json
+
+clean:
+	rm -rf $(VENV) results runs

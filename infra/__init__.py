@@ -1,0 +1,1 @@
+"""Worker provisioning, per-tenant accounting, Prometheus metrics, MLflow helpers."""

@@ -1,0 +1,1 @@
+"""rlhfops command-line interface."""

@@ -1,0 +1,55 @@
+"""The per-step record the trainer yields. Flows, accounting, the health catalog and eval gates
+consume it, so its field names are a contract inside the project: add fields, never rename.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+NAN = float("nan")
+
+#: wall-clock phases of one PPO step (the runbook's `rlapi_step_phase_seconds{phase=...}`)
+PHASES = ("rollout", "score", "sync", "optim", "eval")
+
+
+@dataclass(slots=True)
+class StepRecord:
+    step: int
+    policy_version: int
+    # proxy reward (what PPO optimises) and world feedback (held-out gold score, NaN between gates)
+    reward_mean: float
+    reward_std: float = NAN
+    gold_eval: float = NAN
+    gold_eval_se: float = NAN
+    # algorithmic health
+    kl: float = NAN
+    entropy: float = NAN
+    grad_norm: float = NAN
+    clip_frac: float = NAN
+    approx_kl: float = NAN
+    adv_mean: float = NAN
+    adv_std: float = NAN
+    ret_mean: float = NAN
+    loss_policy: float = NAN
+    loss_value: float = NAN
+    # rollout shape (drift detection)
+    response_len_mean: float = NAN
+    truncation_rate: float = NAN
+    unparseable_rate: float = NAN
+    # run mechanics and accounting
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    tokens_generated: int = 0
+    tokens_trained: int = 0
+    samples_trained: int = 0
+    delta: int = 0
+    chunk_size: int = 0
+    deferred: int = 0
+    wall_s: float = NAN
+
+    def flat(self) -> dict[str, float]:
+        """One flat dict of numbers (phase times as `phase_<name>_s`) for CSV rows and metric loggers."""
+        row = asdict(self)
+        phases = row.pop("phase_seconds")
+        for name in PHASES:
+            row[f"phase_{name}_s"] = float(phases.get(name, 0.0))
+        return row
