@@ -18,7 +18,7 @@ app = typer.Typer(
 )
 
 # Modules under rlhfops/commands that define `register(app)`. Order is the order in --help.
-COMMAND_MODULES = ["simulate", "detect", "bench"]
+COMMAND_MODULES: list[str] = []
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"rlhfops.commands.{_name}").register(app)
