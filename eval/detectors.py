@@ -179,23 +179,24 @@ class _LossPlateauMonitor(Monitor):
             return False
         losses = self.losses
         losses.append(loss)
-        if len(losses) <= self.window:
+        if len(losses) < self.window:
             return False
-        old = losses[-1 - self.window]
-        if len(losses) > 2 * self.window + 1:
+        if len(losses) > self.window:
             del losses[0]
+        old = losses[0]
         return (old - loss) / max(abs(old), 1e-12) < self.min_rel
 
 
 class LossPlateau(Detector):
-    """SLAQ-style loss-only stop: relative loss improvement over the last `window` checkpoints < `min_rel`."""
+    """SLAQ-style loss-only stop: the loss improved by less than `min_rel` (relative) across the last
+    `window` checkpoints (first to last of the window)."""
 
     name = "lossplateau"
     needs = ("loss",)
 
     def __init__(self, window: int = 3, min_rel: float = 0.02):
-        if window < 1:
-            raise ValueError("lossplateau: window must be >= 1")
+        if window < 2:
+            raise ValueError("lossplateau: window must be >= 2 checkpoints")
         self.window = int(window)
         self.min_rel = float(min_rel)
 

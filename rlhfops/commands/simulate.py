@@ -1,0 +1,113 @@
+"""`rlhfops simulate EXP`: run an EvalStop experiment in the discrete-event simulator."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pandas as pd
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rlhfops.console import make_console
+from rlhfops.errors import BadInput
+
+
+def _pct(x: float) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
+
+
+def summary_table(summary: pd.DataFrame, title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    multi = summary["variant"].nunique() > 1
+    cols = (["variant"] if multi else []) + ["scheduler", "JCT (min)", "TTFUC", "Wasted", "Saved", "Precision",
+                                              "Recall", "FPR", "Stopped", "Jain", "p(JCT)"]
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("variant", "scheduler") else "right")
+    for _, r in summary.iterrows():
+        p = r["jct_p_value"]
+        table.add_row(*([str(r["variant"])] if multi else []), str(r["scheduler"]),
+                      f"{r['jct_mean']:.1f} ± {r['jct_std']:.1f}", f"{r['ttfuc_mean']:.1f}",
+                      _pct(r["wasted_frac"]), _pct(r["saved_frac"]), _pct(r["precision"]), _pct(r["recall"]),
+                      _pct(r["fpr"]), f"{r['stopped']:.1f}", f"{r['jain']:.3f}",
+                      "" if math.isnan(p) else f"{p:.3g}")
+    return table
+
+
+def parse_seeds(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise BadInput(f"--seeds '{text}': expected comma-separated integers, e.g. 42,123,456") from None
+    if not seeds:
+        raise BadInput("--seeds: give at least one seed")
+    return seeds
+
+
+def run_experiment(exp: str, seeds: list[int] | None, jobs: int | None, gpus: int | None,
+                   overrides: list[str], out: Path | None, console: Console, workers: int | None = None):
+    """Validate everything, run with a progress bar, write summary.csv / jobs.csv / per_seed.csv / plots."""
+    from scheduling.experiments import (
+        aggregate,
+        load_experiment,
+        parse_overrides,
+        run_units,
+        scale,
+        units_for,
+    )
+    from scheduling.plots import plot_summary
+
+    if jobs is not None and jobs < 1:
+        raise BadInput("--jobs must be >= 1")
+    if gpus is not None and gpus < 1:
+        raise BadInput("--gpus must be >= 1")
+    cfg = load_experiment(exp, parse_overrides(overrides))
+    if seeds:
+        cfg = cfg.model_copy(update={"seeds": seeds})
+    cfg = scale(cfg, jobs, gpus)
+    out = out or Path("results") / cfg.name
+    units = units_for(cfg)
+    t0 = time.perf_counter()
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        task = progress.add_task(f"{cfg.name}: variant x seed", total=len(units))
+        per_seed, job_rows = run_units(units, workers=workers, on_done=lambda _u: progress.advance(task))
+    wall = time.perf_counter() - t0
+    summary = aggregate(per_seed, job_rows)
+    out.mkdir(parents=True, exist_ok=True)
+    summary.to_csv(out / "summary.csv", index=False)
+    per_seed.to_csv(out / "per_seed.csv", index=False)
+    job_rows.to_csv(out / "jobs.csv", index=False)
+    plots = plot_summary(summary, out)
+    return cfg, summary, wall, out, plots
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("simulate")
+    def simulate_cmd(
+        experiment: str = typer.Argument(..., help="E1..E8, or a path to an experiment YAML"),
+        seeds: str = typer.Option(None, "--seeds", help="comma-separated seeds (default: the config's, "
+                                  "42,123,456,789,1024)"),
+        jobs: int = typer.Option(None, "--jobs", help="number of jobs per run (scales the experiment)"),
+        gpus: int = typer.Option(None, "--gpus", help="cluster GPUs; the arrival rate scales with it so the "
+                                 "load per GPU is unchanged"),
+        set_: list[str] = typer.Option([], "--set", help="override a config field, e.g. "
+                                       "--set workload.eval_noise.sigma=0.05 (repeatable)"),
+        out: Path = typer.Option(None, "--out", help="output directory (default results/<EXP>)"),
+        workers: int = typer.Option(None, "--workers", help="worker processes (default: all cores)"),
+    ) -> None:
+        """Run an EvalStop experiment: prints the table, writes summary.csv, jobs.csv, per_seed.csv and plots."""
+        console = make_console()
+        cfg, summary, wall, out_dir, plots = run_experiment(
+            experiment, parse_seeds(seeds), jobs, gpus, set_, out, console, workers)
+        console.print(summary_table(summary, f"{cfg.name}: {cfg.description} — {cfg.workload.jobs} jobs, "
+                                    f"{cfg.workload.gpus} GPUs, seeds {','.join(map(str, cfg.seeds))}"))
+        console.print("Means over seeds; JCT ± sd across seeds; p(JCT): Welch's t-test of per-job JCT against "
+                      "the same base without early stop.")
+        console.print(f"[green]done in {wall:.1f}s[/]: {out_dir}/summary.csv, jobs.csv, per_seed.csv, "
+                      + ", ".join(p.name for p in plots))

@@ -1,0 +1,230 @@
+"""Experiments E1-E8: load a YAML config, apply overrides, run variant x seed x scheduler, aggregate.
+
+Each (variant, seed) unit draws its workload once and runs every scheduler on that same workload,
+so schedulers are compared on identical jobs. Units run in parallel worker processes.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+from pydantic import ValidationError
+from scipy import stats
+
+from rlhfops.errors import BadInput, describe_validation_error
+from scheduling.config import ExperimentConfig
+from scheduling.engine import simulate
+from scheduling.metrics import job_table, summarize
+from scheduling.policies import SHORT_BASE, parse_scheduler
+from scheduling.workload import generate
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+EXPERIMENTS = [f"E{i}" for i in range(1, 9)]
+
+SUMMARY_COLUMNS = [
+    "experiment", "variant", "scheduler", "n_seeds", "jct_mean", "jct_std", "ttfuc_mean", "ttfuc_std",
+    "wasted_frac", "saved_frac", "precision", "recall", "fpr", "stopped", "jain", "jct_p_value",
+]
+
+
+def _set_path(tree: dict, dotted: str, value: Any) -> None:
+    node = tree
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        nxt = node.get(part)
+        if nxt is None:
+            nxt = node[part] = {}
+        elif not isinstance(nxt, dict):
+            raise BadInput(f"--set {dotted}: '{part}' is a value, not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """`key.path=value` strings (values parsed as YAML scalars) into a dict."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise BadInput(f"--set '{item}': expected key=value, e.g. workload.eval_noise.sigma=0.05")
+        out[key.strip()] = yaml.safe_load(raw)
+    return out
+
+
+def load_experiment(exp: str, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """`exp` is E1..E8 or a YAML path. Overrides apply to the raw tree before validation, so a wrong
+    key or type is reported with its full path."""
+    path = CONFIG_DIR / f"{exp.upper()}.yaml" if exp.upper() in EXPERIMENTS else Path(exp)
+    if not path.is_file():
+        raise BadInput(f"experiment '{exp}': not E1..E8 and no such file")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise BadInput(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(tree, dict):
+        raise BadInput(f"{path}: top level must be a mapping")
+    for key, value in (overrides or {}).items():
+        _set_path(tree, key, value)
+    try:
+        cfg = ExperimentConfig.model_validate(tree)
+    except ValidationError as err:
+        raise BadInput(describe_validation_error(err, source=str(path))) from None
+    # every scheduler name and every variant override must be valid before any work starts
+    for where, names in [("schedulers", cfg.schedulers)] + [
+        (f"variants[{v.name}].schedulers", v.schedulers or []) for v in cfg.variants
+    ]:
+        for name in names:
+            try:
+                parse_scheduler(name)
+            except ValueError as err:
+                raise BadInput(f"{path}: field '{where}': {err}") from None
+    for v in cfg.variants:
+        variant_config(cfg, v.name)
+    return cfg
+
+
+def variant_config(cfg: ExperimentConfig, variant: str) -> ExperimentConfig:
+    """The experiment config with one variant's overrides applied (validated)."""
+    v = next(x for x in cfg.variants if x.name == variant)
+    tree = cfg.model_dump()
+    for key, value in v.set.items():
+        _set_path(tree, key, copy.deepcopy(value))
+    try:
+        return ExperimentConfig.model_validate(tree)
+    except ValidationError as err:
+        raise BadInput(describe_validation_error(err, source=f"{cfg.name} variant '{variant}'")) from None
+
+
+def scale(cfg: ExperimentConfig, jobs: int | None = None, gpus: int | None = None) -> ExperimentConfig:
+    """`--jobs` and `--gpus`. Scaling GPUs scales the arrival rate with them so the offered load per
+    GPU stays what the experiment was designed for."""
+    tree = cfg.model_dump()
+    if jobs is not None:
+        tree["workload"]["jobs"] = jobs
+    if gpus is not None:
+        base = tree["workload"]["gpus"]
+        tree["workload"]["gpus"] = gpus
+        tree["workload"]["arrival_rate"] *= gpus / base
+        for v in tree["variants"]:
+            if "workload.gpus" in v["set"]:
+                v["set"]["workload.gpus"] = gpus
+    try:
+        return ExperimentConfig.model_validate(tree)
+    except ValidationError as err:
+        raise BadInput(describe_validation_error(err, source="--jobs/--gpus")) from None
+
+
+@dataclass
+class Unit:
+    experiment: str
+    variant: str
+    seed: int
+    config: dict  # ExperimentConfig dump (picklable, cheap)
+    schedulers: list[str]
+    keep_jobs: bool = True
+
+
+def run_unit(unit: Unit) -> tuple[list[dict], list[pd.DataFrame]]:
+    """One workload, every scheduler. Returns summary rows and (optionally) job tables."""
+    cfg = ExperimentConfig.model_validate(unit.config)
+    wc = cfg.workload
+    wl = generate(wc, unit.seed)
+    rows, tables = [], []
+    for spec in unit.schedulers:
+        policy = parse_scheduler(spec)
+        res = simulate(
+            wl, policy, wc.gpus, overhead=wc.preemption_overhead_min,
+            quality_threshold=cfg.metrics.quality_threshold, min_improvement=cfg.metrics.min_improvement,
+        )
+        jobs = job_table(wl, res)
+        row = summarize(jobs, wc.tenants)
+        base = policy.base.name
+        row.update(experiment=unit.experiment, variant=unit.variant, seed=unit.seed, scheduler=policy.name,
+                   base=SHORT_BASE.get(base, base), base_name=base, early_stop=policy is not policy.base,
+                   events=res.events)
+        rows.append(row)
+        if unit.keep_jobs:
+            df = pd.DataFrame(jobs)
+            df.insert(0, "seed", unit.seed)
+            df.insert(0, "scheduler", policy.name)
+            df.insert(0, "variant", unit.variant)
+            df.insert(0, "experiment", unit.experiment)
+            tables.append(df)
+    return rows, tables
+
+
+def units_for(cfg: ExperimentConfig, keep_jobs: bool = True) -> list[Unit]:
+    units = []
+    for v in cfg.variants:
+        vc = variant_config(cfg, v.name)
+        dump = vc.model_dump()
+        for seed in cfg.seeds:
+            units.append(Unit(cfg.name, v.name, seed, dump, v.schedulers or cfg.schedulers, keep_jobs))
+    return units
+
+
+def run_units(units: list[Unit], workers: int | None = None,
+              on_done: Callable[[Unit], None] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Run units (in worker processes when more than one is useful); returns (per-seed rows, jobs)."""
+    workers = workers or min(os.cpu_count() or 1, len(units))
+    rows: list[dict] = []
+    tables: list[pd.DataFrame] = []
+    if workers <= 1 or len(units) == 1:
+        results = map(run_unit, units)
+        for unit, (r, t) in zip(units, results, strict=True):
+            rows += r
+            tables += t
+            if on_done:
+                on_done(unit)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for unit, (r, t) in zip(units, pool.map(run_unit, units, chunksize=1), strict=True):
+                rows += r
+                tables += t
+                if on_done:
+                    on_done(unit)
+    per_seed = pd.DataFrame(rows)
+    jobs = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    return per_seed, jobs
+
+
+def aggregate(per_seed: pd.DataFrame, jobs: pd.DataFrame) -> pd.DataFrame:
+    """summary.csv rows: means over seeds, standard deviations of JCT/TTFUC across seeds, and Welch's
+    t-test of JCT against the same base scheduler without early stop. The test uses per-job JCTs
+    pooled over seeds (every job is an observation), which is what gives the paper's p-values power
+    with 5 seeds; runs without job tables fall back to per-seed means."""
+    out = []
+    for (exp, variant, sched), g in per_seed.groupby(["experiment", "variant", "scheduler"], sort=False):
+        first = g.iloc[0]
+        row = {
+            "experiment": exp, "variant": variant, "scheduler": sched, "n_seeds": len(g),
+            "jct_mean": g["jct"].mean(), "jct_std": g["jct"].std(ddof=1) if len(g) > 1 else 0.0,
+            "ttfuc_mean": g["ttfuc"].mean(), "ttfuc_std": g["ttfuc"].std(ddof=1) if len(g) > 1 else 0.0,
+            "wasted_frac": g["wasted_frac"].mean(), "saved_frac": g["saved_frac"].mean(),
+            "precision": g["precision"].mean() if g["stopped"].sum() > 0 else np.nan,
+            "recall": g["recall"].mean(), "fpr": g["fpr"].mean(),
+            "stopped": g["stopped"].mean(), "jain": g["jain"].mean(), "jct_p_value": np.nan,
+        }
+        if first["early_stop"]:
+            base_rows = per_seed[(per_seed.experiment == exp) & (per_seed.variant == variant)
+                                 & (per_seed.scheduler == first["base_name"])]
+            if len(base_rows):
+                if len(jobs):
+                    sel = (jobs.experiment == exp) & (jobs.variant == variant)
+                    a = jobs.loc[sel & (jobs.scheduler == sched), "jct"].to_numpy()
+                    b = jobs.loc[sel & (jobs.scheduler == first["base_name"]), "jct"].to_numpy()
+                else:
+                    a, b = g["jct"].to_numpy(), base_rows["jct"].to_numpy()
+                if len(a) > 1 and len(b) > 1:
+                    row["jct_p_value"] = float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+        out.append(row)
+    return pd.DataFrame(out, columns=SUMMARY_COLUMNS)

@@ -1,0 +1,91 @@
+"""Eval-aware metrics of one simulated run (EvalStop paper §2.2 and §4).
+
+Definitions, since the paper states them in words only:
+- JCT: completion (or stop) time minus arrival, minutes.
+- TTFUC: arrival to the first *useful* checkpoint: eval >= quality threshold (0.3) and at least 1%
+  (relative) above every earlier checkpoint of the job. Jobs that never have one are left out.
+- Wasted compute: GPU-minutes a job held after its last useful checkpoint (its eval had peaked:
+  nothing later improved it by the minimum gain), divided by all GPU-minutes used.
+- Saved compute: GPU-minutes of training and evaluation that early stopping avoided, divided by the
+  GPU-minutes the whole workload would have needed run to completion.
+- Detection: a job is flagged when the early-stop wrapper stopped it (at its final checkpoint too:
+  it then keeps its best checkpoint instead of the final one). Positives are hacking jobs.
+  precision = TP / flagged; recall = TP / hacking jobs; FPR = FP / all non-hacking jobs (LoRA and
+  DPO included: this is the denominator that reproduces the paper's StopAt FPRs, e.g. 64.5% on E2).
+- Jain's index over tenants of their mean slowdown (JCT / the job's own run time if alone).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from scheduling.engine import SimResult
+from scheduling.workload import JOB_TYPES, Workload
+
+
+def jain(x: np.ndarray) -> float:
+    x = np.asarray(x, dtype=float)
+    x = x[np.isfinite(x)]
+    if x.size == 0 or not np.any(x):
+        return float("nan")
+    return float(x.sum() ** 2 / (x.size * np.square(x).sum()))
+
+
+def job_table(wl: Workload, res: SimResult) -> dict[str, np.ndarray]:
+    """One row per job: everything `jobs.csv` holds (hidden labels included: this is the analyst's view)."""
+    n_cp = np.diff(wl.cp_start)
+    planned = wl.duration + n_cp * wl.eval_minutes
+    gpu_min = wl.gpus * res.busy
+    wasted = wl.gpus * (res.busy - res.busy_at_useful)
+    return {
+        "job_id": np.arange(wl.n),
+        "tenant": wl.tenant.astype(int),
+        "type": np.array(JOB_TYPES, dtype=object)[wl.job_type],
+        "gpus": wl.gpus,
+        "arrival": wl.arrival,
+        "end": res.end,
+        "jct": res.end - wl.arrival,
+        "ttfuc": res.first_useful - wl.arrival,
+        "planned_minutes": planned,
+        "gpu_minutes": gpu_min,
+        "wasted_gpu_minutes": wasted,
+        "saved_gpu_minutes": wl.gpus * res.saved_minutes,
+        "planned_gpu_minutes": wl.gpus * planned,
+        "stopped": res.stopped,
+        "stop_progress": res.stop_progress,
+        "hacking": wl.hacking,
+        "best_eval": res.best_eval,
+        "final_eval": res.final_eval,
+        "preemptions": res.preemptions,
+    }
+
+
+def summarize(jobs: dict[str, np.ndarray], tenants: int) -> dict[str, float]:
+    """Run-level metrics from a job table."""
+    jct = jobs["jct"]
+    ttfuc = jobs["ttfuc"]
+    hack = jobs["hacking"].astype(bool)
+    flag = jobs["stopped"].astype(bool)
+    tp = int(np.sum(flag & hack))
+    fp = int(np.sum(flag & ~hack))
+    n_pos = int(hack.sum())
+    n_neg = int((~hack).sum())
+    slowdown = jct / jobs["planned_minutes"]
+    per_tenant = np.array([slowdown[jobs["tenant"] == t].mean() if np.any(jobs["tenant"] == t) else np.nan
+                           for t in range(tenants)])
+    gpu_total = float(jobs["gpu_minutes"].sum())
+    out = {
+        "jct": float(jct.mean()),
+        "ttfuc": float(np.nanmean(ttfuc)) if np.any(np.isfinite(ttfuc)) else float("nan"),
+        "wasted_frac": float(jobs["wasted_gpu_minutes"].sum() / gpu_total) if gpu_total else 0.0,
+        "saved_frac": float(jobs["saved_gpu_minutes"].sum() / jobs["planned_gpu_minutes"].sum()),
+        "precision": tp / (tp + fp) if tp + fp else float("nan"),
+        "recall": tp / n_pos if n_pos else float("nan"),
+        "fpr": fp / n_neg if n_neg else float("nan"),
+        "stopped": float(flag.sum()),
+        "jain": jain(per_tenant),
+        "gpu_minutes": gpu_total,
+    }
+    for t in range(tenants):
+        out[f"gpu_minutes_tenant{t}"] = float(jobs["gpu_minutes"][jobs["tenant"] == t].sum())
+    return out
