@@ -120,15 +120,6 @@ def simulate(
         wver[i] += 1
         heappush(waiting[demand[i]], (prio[i], i, wver[i]))
 
-    def top(heap: list) -> tuple | None:
-        # drop stale entries; return the valid head or None
-        while heap:
-            p, i, ver = heap[0]
-            if state[i] == WAITING and wver[i] == ver:
-                return heap[0]
-            heappop(heap)
-        return None
-
     def start(i: int, t: float) -> None:
         nonlocal free
         state[i] = RUNNING
@@ -169,9 +160,14 @@ def simulate(
             head = head_g = fit = fit_g = None
             for g in sizes:
                 h = waiting[g]
-                if not h:
-                    continue
-                e = top(h)
+                e = None
+                while h:  # drop stale entries (inlined: this is the hottest loop)
+                    e = h[0]
+                    j = e[1]
+                    if state[j] == WAITING and wver[j] == e[2]:
+                        break
+                    heappop(h)
+                    e = None
                 if e is None:
                     continue
                 if head is None or e < head:
@@ -236,7 +232,11 @@ def simulate(
             prio[i] = priority(v)
             push_waiting(i)
             n_events += 1
-            schedule(t)
+            # After every scheduling pass no waiting job fits and no eviction is possible, and since
+            # then running jobs only ranked better. So only the newcomer can change anything: if it
+            # fits, or if some runner ranks worse than it (a stale heap key errs towards a pass).
+            if demand[i] <= free or (preemptive and running and -running[0][0] > prio[i]):
+                schedule(t)
             continue
         if not events:
             break
@@ -292,11 +292,16 @@ def simulate(
         heappush(events, (t + seg_train[i] + eval_min[i], i, token[i]))
         if preemptive:
             new = priority(v)
-            if new != prio[i]:
+            if new > prio[i]:
+                # It ranks worse now: it may have become a victim for a waiting job.
                 prio[i] = new
                 rver[i] += 1
                 heappush(running, (-new, i, rver[i]))
                 schedule(t)
+            elif new < prio[i]:
+                # Ranking better changes nothing for waiting jobs; its running-heap key is refreshed
+                # lazily if it is ever considered for eviction.
+                prio[i] = new
 
     return SimResult(
         end=np.array(end),

@@ -107,13 +107,13 @@ class EarlyStop(Policy):
         self.preemptive = base.preemptive
         self.name = f"{detector.label}+{SHORT_BASE.get(base.name, base.name)}"
         self._monitors: dict[int, Monitor] = {}
+        self.priority = base.priority  # delegate without an extra call layer (hot path)
+        # one reusable checkpoint record: monitors read it during `observe` and keep no reference
+        self._cp = Checkpoint(step=0, eval_score=0.0)
 
     @property
     def base(self) -> Policy:
         return self._base
-
-    def priority(self, view: JobView) -> float:
-        return self._base.priority(view)
 
     def on_checkpoint(self, view: JobView) -> bool:
         if self.job_types is not None and view.job_type not in self.job_types:
@@ -122,9 +122,11 @@ class EarlyStop(Policy):
         monitor = monitors.get(view.job_id)
         if monitor is None:
             monitor = monitors[view.job_id] = self.detector.start()
-        n = len(view.eval_history)
-        cp = Checkpoint(step=n, eval_score=view.eval_history[-1], progress=view.progress,
-                        loss=view.loss_history[-1])
+        cp = self._cp
+        cp.step = len(view.eval_history)
+        cp.eval_score = view.eval_history[-1]
+        cp.progress = view.progress
+        cp.loss = view.loss_history[-1]
         return monitor.observe(cp)
 
     def forget(self, job_id: int) -> None:

@@ -1,0 +1,88 @@
+"""`rlhfops bench ...`: benchmarks that write every figure to JSON. `bench sim` lives here; other areas
+add theirs from their own modules (listed in BENCH_MODULES, each defining `register_bench(bench_app)`)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import multiprocessing as mp
+import platform
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rlhfops.console import make_console
+
+BENCH_MODULES: list[str] = []
+
+bench_app = typer.Typer(help="Benchmarks; each writes a JSON with every figure measured.", no_args_is_help=True)
+
+
+def write_json(result: dict, out: Path | None) -> None:
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _large_in_child(jobs: int, gpus: int, load: float, queue) -> None:
+    # A fresh process so peak RSS is the large run's own, not the matrix's or the CLI's.
+    from scheduling.bench import bench_large
+
+    queue.put(bench_large(jobs, gpus, load))
+
+
+@bench_app.command("sim")
+def bench_sim(
+    quick: bool = typer.Option(False, "--quick", help="1 seed for the matrix and 100,000 jobs on 1,638 GPUs"),
+    jobs: int = typer.Option(1_000_000, "--jobs", help="jobs in the large run"),
+    gpus: int = typer.Option(16_384, "--gpus", help="GPUs in the large run"),
+    load: float = typer.Option(0.95, "--load", help="offered load of the large run (GPU-minutes per minute / GPUs)"),
+    out: Path = typer.Option(None, "--out", help="write the JSON here"),
+) -> None:
+    """E1-E8 x 5 seeds wall time, then one large run: wall, peak RSS, events per second."""
+    from scheduling.bench import bench_matrix
+
+    if jobs < 1 or gpus < 8 or not 0 < load <= 2:
+        raise typer.BadParameter("need --jobs >= 1, --gpus >= 8 (largest job), 0 < --load <= 2")
+    if quick:
+        jobs, gpus = min(jobs, 100_000), min(gpus, 1_638)
+    console = make_console()
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
+                  transient=True) as progress:
+        progress.add_task("E1-E8 matrix", total=None)
+        result = bench_matrix(seeds=[42] if quick else None)
+    console.print(f"E1-E8 matrix ({result['matrix_runs']} runs): {result['matrix_wall_s']:.2f}s")
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
+                  transient=True) as progress:
+        progress.add_task(f"{jobs:,} jobs on {gpus:,} GPUs", total=None)
+        proc = ctx.Process(target=_large_in_child, args=(jobs, gpus, load, queue))
+        proc.start()
+        large = queue.get()
+        proc.join()
+    result.update(
+        large={k: v for k, v in large.items()},
+        million_jobs_wall_s=large["wall_s"] if jobs >= 1_000_000 else None,
+        million_jobs_peak_rss_mib=large["peak_rss_mib"] if jobs >= 1_000_000 else None,
+        events_per_s=large["events_per_s"],
+        quick=quick, python=platform.python_version(), machine=platform.machine(),
+    )
+    table = Table(title="rlhfops bench sim")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    table.add_row("E1-E8 matrix wall (s)", f"{result['matrix_wall_s']:.2f}")
+    table.add_row(f"{jobs:,}-job run wall (s)", f"{large['wall_s']:.2f}")
+    table.add_row(f"{jobs:,}-job run peak RSS (MiB)", f"{large['peak_rss_mib']:.0f}")
+    table.add_row("events / s", f"{large['events_per_s']:,.0f}")
+    table.add_row("events", f"{large['events']:,}")
+    console.print(table)
+    write_json(result, out)
+
+
+def register(app: typer.Typer) -> None:
+    for name in BENCH_MODULES:
+        importlib.import_module(f"rlhfops.commands.{name}").register_bench(bench_app)
+    app.add_typer(bench_app, name="bench")
