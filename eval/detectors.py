@@ -227,16 +227,3 @@ def make_detector(name: str, **params: Any) -> Detector:
         return cls(**params)
     except TypeError as err:
         raise ValueError(f"detector '{name}': bad parameter ({err})") from None
-
-
-def replay(detector: Detector, checkpoints: list[Checkpoint]) -> tuple[int | None, int]:
-    """Run one series through a fresh monitor. Returns (index it stopped at or None, index of the best
-    eval at or before the stop): the checkpoint a stopped run keeps."""
-    monitor = detector.start()
-    best_i, best = -1, -math.inf
-    for i, cp in enumerate(checkpoints):
-        if cp.eval_score == cp.eval_score and cp.eval_score > best:
-            best_i, best = i, cp.eval_score
-        if monitor.observe(cp):
-            return i, best_i
-    return None, best_i

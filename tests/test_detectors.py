@@ -1,0 +1,95 @@
+"""The early-stop detector interface: hand-computed series, batch scan == streaming, trace replay."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from eval.detectors import Checkpoint, EvalStop, LossPlateau, StopAt, make_detector
+from eval.traces import detection_quality, load_trace, runs_from_trace, verdicts
+from rlhfops.errors import BadInput
+
+
+def first_stop(det, evals, losses=None, progress=None):
+    m = det.start()
+    for i, e in enumerate(evals):
+        cp = Checkpoint(step=i, eval_score=e, loss=losses[i] if losses else float("nan"),
+                        progress=progress[i] if progress else float("nan"))
+        if m.observe(cp):
+            return i
+    return None
+
+
+def test_evalstop_counts_consecutive_declines_only():
+    assert first_stop(EvalStop(2), [0.1, 0.3, 0.2, 0.25, 0.2, 0.1]) == 5
+    assert first_stop(EvalStop(1), [0.1, 0.3, 0.2]) == 2
+    assert first_stop(EvalStop(3), [0.5, 0.4, 0.3, 0.35, 0.3]) is None
+    assert first_stop(EvalStop(2), [0.3, 0.3, 0.3, 0.3]) is None  # flat is not a decline
+    assert first_stop(EvalStop(2), [0.5, float("nan"), 0.4, 0.3]) == 3  # missed eval: no evidence
+
+
+def test_lossplateau_window_is_first_to_last_checkpoint():
+    # improvement 1.0 -> 0.99 over a 3-checkpoint window is 1% < 2%: fires on the third checkpoint
+    assert first_stop(LossPlateau(3, 0.02), [0] * 3, losses=[1.0, 0.995, 0.99]) == 2
+    assert first_stop(LossPlateau(3, 0.02), [0] * 4, losses=[1.0, 0.9, 0.8, 0.79]) is None
+    assert first_stop(LossPlateau(3, 0.02), [0] * 5, losses=[1.0, 0.9, 0.8, 0.79, 0.788]) == 4
+
+
+def test_stopat_fires_at_first_checkpoint_past_p():
+    assert first_stop(StopAt(0.65), [0] * 7, progress=[0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0]) == 4
+    assert first_stop(StopAt(0.6), [0] * 7, progress=[0.15, 0.3, 0.45, 0.6, 0.75, 0.9, 1.0]) == 3
+
+
+def test_make_detector_rejects_unknown_names_and_params():
+    with pytest.raises(ValueError, match="unknown detector"):
+        make_detector("magic")
+    with pytest.raises(ValueError, match="bad parameter"):
+        make_detector("evalstop", z=1)
+    with pytest.raises(ValueError):
+        make_detector("evalstop", k=0)
+
+
+@pytest.mark.parametrize("det", [EvalStop(2), EvalStop(1), LossPlateau(3, 0.02), StopAt(0.5)])
+def test_default_scan_matches_streaming(det):
+    rng = np.random.default_rng(1)
+    evals = rng.normal(0.5, 0.1, (40, 9))
+    losses = 1.0 + np.cumsum(-np.abs(rng.normal(0.01, 0.02, (40, 9))), axis=1)
+    progress = np.broadcast_to(np.linspace(0.1, 1.0, 9), (40, 9))
+    got = det.scan({"eval_score": evals, "loss": losses, "progress": progress})
+    for r in range(40):
+        want = first_stop(det, evals[r].tolist(), losses[r].tolist(), progress[r].tolist())
+        assert got[r] == (-1 if want is None else want)
+
+
+def write_trace(tmp_path, rows) -> str:
+    path = tmp_path / "trace.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def test_trace_replay_sorts_rows_and_keeps_odd_ids(tmp_path):
+    rows = []
+    series = {"run a,1": ([0.2, 0.5, 0.4, 0.3], 1), "ρ-2": ([0.2, 0.3, 0.4, 0.5], 0)}
+    for rid, (ev, label) in series.items():
+        for step, e in enumerate(ev):
+            rows.append({"run_id": rid, "step": (step + 1) * 10, "eval_score": e, "label": label})
+    rows = rows[::-1]  # unsorted
+    df = load_trace(write_trace(tmp_path, rows))
+    v = verdicts(EvalStop(2), runs_from_trace(df)).set_index("run_id")
+    assert v.loc["run a,1"].stopped == 1 and v.loc["run a,1"].stop_step == 40
+    assert v.loc["run a,1"].best_step == 20 and v.loc["run a,1"].best_eval_score == 0.5
+    assert v.loc["ρ-2"].stopped == 0 and v.loc["ρ-2"].final_eval_score == 0.5
+    q = detection_quality(v.reset_index())
+    assert (q["precision"], q["recall"], q["fpr"]) == (1.0, 1.0, 0.0)
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([{"run_id": "a", "step": 1}], "missing required column"),
+    ([{"run_id": "a", "step": "x", "eval_score": 0.1}], "'step' line 2"),
+    ([{"run_id": "a", "step": 1, "eval_score": 0.1, "label": 2}], "'label' line 2"),
+    ([{"run_id": "a", "step": 1, "eval_score": 0.1}, {"run_id": "a", "step": 1, "eval_score": 0.2}], "repeats step"),
+])
+def test_bad_traces_name_the_problem(tmp_path, rows, message):
+    with pytest.raises(BadInput, match=message):
+        load_trace(write_trace(tmp_path, rows))
