@@ -111,3 +111,22 @@ def register(app: typer.Typer) -> None:
                       "the same base without early stop.")
         console.print(f"[green]done in {wall:.1f}s[/]: {out_dir}/summary.csv, jobs.csv, per_seed.csv, "
                       + ", ".join(p.name for p in plots))
+
+    @app.command("reproduce")
+    def reproduce_cmd(
+        out: Path = typer.Option(Path("docs/reproduction.md"), "--out", help="markdown file to write"),
+        workers: int = typer.Option(None, "--workers", help="worker processes (default: all cores)"),
+    ) -> None:
+        """Run E1-E8 (5 seeds) and write the paper's Tables 1-5, 7-9 beside ours as markdown."""
+        from scheduling.experiments import EXPERIMENTS, load_experiment, units_for
+        from scheduling.reproduce import render, run_all
+
+        console = make_console()
+        total = sum(len(units_for(load_experiment(e))) for e in EXPERIMENTS)
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as progress:
+            task = progress.add_task("E1-E8: variant x seed", total=total)
+            summary = run_all(workers, on_done=lambda _u: progress.advance(task))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(render(summary))
+        console.print(f"[green]wrote {out}[/]")
