@@ -1,0 +1,189 @@
+"""Per-tenant accounting: GPU-seconds per run split by phase, tokens, and cost per committed optimizer step.
+
+    ledger = Ledger(load_prices())                       # prices per GPU kind: configs/prices.yaml
+    ledger.charge("run-7", "acme", "h100", "rollout", gpu_seconds=12.5, tokens_generated=4096)
+    ledger.charge_step("run-7", "acme", "h100", step_record, n_gpus=2)   # a trainer StepRecord
+    ledger.run_totals(), ledger.tenant_totals(), ledger.cluster_total(), ledger.frame()
+
+Arithmetic is exact: GPU time is kept in integer micro-GPU-seconds and cost as a `Fraction` of the
+currency unit (decimal prices), so per-tenant sums equal the cluster total exactly, not within a tolerance.
+The trainer (per step) and the scheduling simulator (per finished job) feed the same ledger.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from rlhfops.errors import BadInput, describe_validation_error
+
+#: wall-clock phases of one step (same names as training.metrics.PHASES; a test keeps them equal)
+PHASES = ("rollout", "score", "sync", "optim", "eval")
+MICRO = 1_000_000
+DEFAULT_PRICES_FILE = Path(__file__).resolve().parent.parent / "configs" / "prices.yaml"
+
+
+class PriceTable(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    currency: str = "USD"
+    #: price of one GPU-hour per GPU kind, as a decimal string ("4.00")
+    gpu_hour: dict[str, str]
+    #: known tenants (bounded label set for per-tenant metrics)
+    tenants: list[str] = Field(default_factory=list)
+
+    @field_validator("gpu_hour")
+    @classmethod
+    def _decimal_prices(cls, v: dict[str, str]) -> dict[str, str]:
+        for kind, price in v.items():
+            try:
+                d = Decimal(str(price))
+            except InvalidOperation:
+                raise ValueError(f"price of '{kind}' must be a decimal number, got {price!r}") from None
+            if not d.is_finite() or d < 0:
+                raise ValueError(f"price of '{kind}' must be >= 0, got {price!r}")
+        return {k: str(p) for k, p in v.items()}
+
+    def hourly(self, gpu_kind: str) -> Fraction:
+        return Fraction(Decimal(self.gpu_hour[gpu_kind]))
+
+
+def load_prices(path: str | Path | None = None) -> PriceTable:
+    path = Path(path) if path is not None else DEFAULT_PRICES_FILE
+    if not path.is_file():
+        raise BadInput(f"prices file '{path}' not found (see configs/prices.yaml)")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        raise BadInput(f"{path}: not valid YAML (fix the syntax)") from None
+    try:
+        return PriceTable.model_validate(raw)
+    except ValidationError as err:
+        raise BadInput(describe_validation_error(err, source=str(path))) from None
+
+
+@dataclass
+class Totals:
+    gpu_us: int = 0
+    gpu_us_by_phase: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PHASES, 0))
+    tokens_generated: int = 0
+    tokens_trained: int = 0
+    steps: int = 0
+    cost: Fraction = Fraction(0)
+
+    @property
+    def gpu_seconds(self) -> float:
+        return self.gpu_us / MICRO
+
+    @property
+    def cost_per_step(self) -> Fraction | None:
+        """Cost per committed optimizer step (None before the first step)."""
+        return self.cost / self.steps if self.steps else None
+
+    def add(self, other: Totals) -> None:
+        self.gpu_us += other.gpu_us
+        for p, v in other.gpu_us_by_phase.items():
+            self.gpu_us_by_phase[p] += v
+        self.tokens_generated += other.tokens_generated
+        self.tokens_trained += other.tokens_trained
+        self.steps += other.steps
+        self.cost += other.cost
+
+
+class Ledger:
+    def __init__(self, prices: PriceTable | None = None):
+        self.prices = prices if prices is not None else load_prices()
+        # (run_id, gpu_kind, phase) -> [gpu_us, tokens_generated, tokens_trained, steps]
+        self._rows: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+        self.tenant_of: dict[str, str] = {}
+
+    def charge(
+        self, run_id: str, tenant: str, gpu_kind: str, phase: str, gpu_seconds: float,
+        tokens_generated: int = 0, tokens_trained: int = 0, steps: int = 0,
+    ) -> None:
+        """Add GPU time (GPU-seconds: wall seconds x GPUs) and counts to one run's phase."""
+        if phase not in PHASES:
+            raise ValueError(f"ledger: unknown phase '{phase}' (choose from: {', '.join(PHASES)})")
+        if gpu_kind not in self.prices.gpu_hour:
+            raise BadInput(
+                f"ledger: gpu kind '{gpu_kind}' has no price (add it under gpu_hour in configs/prices.yaml)"
+            )
+        if not math.isfinite(gpu_seconds) or gpu_seconds < 0:
+            raise ValueError(f"ledger: gpu_seconds must be finite and >= 0, got {gpu_seconds}")
+        if min(tokens_generated, tokens_trained, steps) < 0:
+            raise ValueError("ledger: token and step counts must be >= 0")
+        owner = self.tenant_of.setdefault(run_id, tenant)
+        if owner != tenant:
+            raise ValueError(f"ledger: run '{run_id}' belongs to tenant '{owner}', not '{tenant}'")
+        row = self._rows[(run_id, gpu_kind, phase)]
+        row[0] += round(gpu_seconds * MICRO)
+        row[1] += int(tokens_generated)
+        row[2] += int(tokens_trained)
+        row[3] += int(steps)
+
+    def charge_step(self, run_id: str, tenant: str, gpu_kind: str, record: Any, n_gpus: int = 1) -> None:
+        """Charge one trainer step (a `training.metrics.StepRecord`): each phase's wall time x GPUs, its
+        tokens, and one committed optimizer step."""
+        phases = dict(getattr(record, "phase_seconds", {}) or {})
+        for phase in PHASES:
+            if phases.get(phase, 0.0):
+                self.charge(run_id, tenant, gpu_kind, phase, float(phases[phase]) * n_gpus)
+        self.charge(
+            run_id, tenant, gpu_kind, "optim", 0.0,
+            tokens_generated=int(record.tokens_generated), tokens_trained=int(record.tokens_trained), steps=1,
+        )
+
+    def _cost(self, gpu_us: int, gpu_kind: str) -> Fraction:
+        return Fraction(gpu_us, MICRO * 3600) * self.prices.hourly(gpu_kind)
+
+    def run_totals(self) -> dict[str, Totals]:
+        out: dict[str, Totals] = defaultdict(Totals)
+        for (run_id, kind, phase), (us, gen, trained, steps) in self._rows.items():
+            t = out[run_id]
+            t.gpu_us += us
+            t.gpu_us_by_phase[phase] += us
+            t.tokens_generated += gen
+            t.tokens_trained += trained
+            t.steps += steps
+            t.cost += self._cost(us, kind)
+        return dict(out)
+
+    def tenant_totals(self) -> dict[str, Totals]:
+        out: dict[str, Totals] = defaultdict(Totals)
+        for run_id, t in self.run_totals().items():
+            out[self.tenant_of[run_id]].add(t)
+        return dict(out)
+
+    def cluster_total(self) -> Totals:
+        """Computed from the raw rows, independently of the per-run and per-tenant roll-ups."""
+        t = Totals()
+        for (_, kind, phase), (us, gen, trained, steps) in self._rows.items():
+            t.gpu_us += us
+            t.gpu_us_by_phase[phase] += us
+            t.tokens_generated += gen
+            t.tokens_trained += trained
+            t.steps += steps
+            t.cost += self._cost(us, kind)
+        return t
+
+    def frame(self):
+        """One row per run (floats for display; the exact values stay in `run_totals`)."""
+        import pandas as pd
+
+        rows = []
+        for run_id, t in sorted(self.run_totals().items()):
+            row = {"run_id": run_id, "tenant": self.tenant_of[run_id], "gpu_seconds": t.gpu_seconds}
+            row.update({f"gpu_seconds_{p}": t.gpu_us_by_phase[p] / MICRO for p in PHASES})
+            row.update(
+                tokens_generated=t.tokens_generated, tokens_trained=t.tokens_trained, steps=t.steps,
+                cost=float(t.cost), cost_per_step=float(t.cost_per_step) if t.steps else math.nan,
+            )
+            rows.append(row)
+        return pd.DataFrame(rows)
