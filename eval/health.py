@@ -1208,9 +1208,12 @@ def synthetic_fleet(
     hack_e = evals - 0.003 * since
     reward = np.where(at("reward_hacking"), hack_r, reward)
     evals = np.where(at("reward_hacking"), hack_e, evals)
-    dead = is_["dead_run"]
-    reward = np.where(dead, r0 + rng.normal(0, 0.01, shape), reward)
-    kl = np.where(dead, np.abs(rng.normal(0, 0.001, shape)), kl)
+    # dead: learning stops at onset; reward and KL stay where they were, up to noise
+    o = col(np.maximum(onset, 0))
+    frozen_r = r0 + (r1 - r0) * (1.0 - np.exp(-o / tau))
+    frozen_kl = kl[np.arange(n_runs), np.maximum(onset, 0)][:, None] if n_runs else kl[:, :1]
+    reward = np.where(at("dead_run"), frozen_r + rng.normal(0, 0.01, shape), reward)
+    kl = np.where(at("dead_run"), frozen_kl + rng.normal(0, 0.001, shape), kl)
     spikes = at("grad_norm_spike") & (rng.random(shape) < 0.25)
     grad = np.where(spikes, grad * 8.0, grad)
     drift = at("rollout_drift")

@@ -1,0 +1,132 @@
+"""Thresholds file: validation (exit 2 naming the field), routing, and recorded false-positive rates."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from eval.health import (
+    ALERTS,
+    DEFAULT_ALERTS_FILE,
+    Catalog,
+    load_alerts_config,
+    measure_false_positive_rates,
+    synthetic_fleet,
+)
+from rlhfops.errors import BadInput
+
+
+def cli(*args):
+    cmd = [sys.executable, "-m", "rlhfops.cli", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def test_shipped_file_has_all_seven_alerts_with_fpr_records():
+    cfg = load_alerts_config()
+    assert set(cfg.alerts) == set(ALERTS) and len(ALERTS) == 7
+    assert all(a.false_positive_rate is not None for a in cfg.alerts.values())
+
+
+def test_recorded_false_positive_rates_are_current():
+    """The FPR next to each threshold is what the thresholds give now (re-measure after tuning)."""
+    cfg = load_alerts_config()
+    runs = {a.false_positive_rate.healthy_runs for a in cfg.alerts.values()}
+    assert len(runs) == 1
+    measured = measure_false_positive_rates(Catalog.from_config(cfg), n_runs=runs.pop())
+    for name, acfg in cfg.alerts.items():
+        assert acfg.false_positive_rate.rate == pytest.approx(measured[name], abs=5e-5), name
+
+
+def write(tmp_path, mutate):
+    raw = yaml.safe_load(DEFAULT_ALERTS_FILE.read_text())
+    mutate(raw)
+    path = tmp_path / "alerts.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda r: r["alerts"].__setitem__("reward_spike", {"severity": "paging"}), "alerts.reward_spike"),
+        (lambda r: r["alerts"]["kl_blowup"]["params"].__setitem__("cieling", 2),
+         "alerts.kl_blowup.params.cieling"),
+        (lambda r: r["alerts"]["dead_run"].__setitem__("severity", "loud"), "alerts.dead_run.severity"),
+        (lambda r: r["alerts"]["entropy_collapse"]["params"].__setitem__("alpha", 3),
+         "alerts.entropy_collapse.params"),
+        (lambda r: r["alerts"]["kl_blowup"]["params_by_algorithm"]["grpo"].__setitem__("ceiling", -1),
+         "alerts.kl_blowup.params_by_algorithm.grpo"),
+        (lambda r: r.pop("version"), "version"),
+    ],
+)
+def test_bad_thresholds_name_the_field(tmp_path, mutate, field):
+    with pytest.raises(BadInput, match=f"'{field}"):
+        load_alerts_config(write(tmp_path, mutate))
+
+
+def test_malformed_yaml_and_cli_exit_code_2(tmp_path):
+    bad = tmp_path / "alerts.yaml"
+    bad.write_text("version: 1\nalerts: {kl_blowup: {params: [1, 2}\n")
+    with pytest.raises(BadInput, match="not valid YAML at line"):
+        load_alerts_config(bad)
+    trace = tmp_path / "t.csv"
+    frame = pd.DataFrame({"run_id": ["a"] * 3, "step": [1, 2, 3], "eval_score": [0.1, 0.2, 0.3]})
+    frame.to_csv(trace, index=False)
+    res = cli("health", trace, "--alerts", bad)
+    assert res.returncode == 2 and "not valid YAML" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    res = cli("health", trace, "--only", "reward_spike")
+    assert res.returncode == 2 and "--only: unknown alert 'reward_spike'" in res.stderr
+
+
+def test_demotion_per_algorithm_and_tenant_and_per_algorithm_params(tmp_path):
+    def mutate(r):
+        r["alerts"]["dead_run"]["demote"] = {"algorithms": ["grpo"], "tenants": ["acme"]}
+
+    cfg = load_alerts_config(write(tmp_path, mutate))
+    ppo, grpo = Catalog.from_config(cfg, algorithm="ppo"), Catalog.from_config(cfg, algorithm="grpo")
+    assert ppo.severity("dead_run", "globex") == "paging"
+    assert ppo.severity("dead_run", "acme") == "advisory"
+    assert grpo.severity("dead_run", "globex") == "advisory"
+    assert ppo.severity("grad_norm_spike", "globex") == "advisory"  # advisory in the shipped file
+    assert ppo.alerts["kl_blowup"].ceiling == 1.0 and grpo.alerts["kl_blowup"].ceiling == 0.5
+
+
+def test_health_cli_writes_alerts_csv(tmp_path):
+    series, kind, _ = synthetic_fleet(24, 400, seed=11, fault_frac=0.6)
+    n_runs, n_steps = series["step"].shape
+    df = pd.DataFrame({k: v.ravel() for k, v in series.items()})
+    df.insert(0, "run_id", np.repeat([f"run/{i}" for i in range(n_runs)], n_steps))
+    df["tenant"] = np.repeat(["acme" if i % 2 else "globex" for i in range(n_runs)], n_steps)
+    df = df.sample(frac=1.0, random_state=1)  # rows in any order
+    trace = tmp_path / "trace.csv"
+    df.to_csv(trace, index=False)
+    alerts_yaml = write(tmp_path, lambda r: r["alerts"]["dead_run"].update(demote={"tenants": ["acme"]}))
+    out = tmp_path / "alerts.csv"
+    res = cli("health", trace, "--alerts", alerts_yaml, "--out", out)
+    assert res.returncode == 0, res.stderr
+    assert "reward_hacking" in res.stdout
+    alerts = pd.read_csv(out)
+    assert list(alerts.columns) == ["run_id", "alert", "severity", "fired_step", "detail"]
+    expected = Catalog.from_file().scan(series)
+    for name, first in expected.items():
+        got = alerts[alerts.alert == name].set_index("run_id")["fired_step"].to_dict()
+        want = {f"run/{r}": float(first[r]) for r in np.flatnonzero(first >= 0)}  # step == row index here
+        assert got == want, name
+    # each injected fault was caught by its own alert
+    for r in np.flatnonzero(kind != "healthy"):
+        assert ((alerts.run_id == f"run/{r}") & (alerts.alert == kind[r])).any(), (r, kind[r])
+    dead = alerts[alerts.alert == "dead_run"]
+    tenant = {f"run/{i}": "acme" if i % 2 else "globex" for i in range(n_runs)}
+    assert all((row.severity == "advisory") == (tenant[row.run_id] == "acme") for row in dead.itertuples())
+    assert dead.detail.str.contains("flat within noise").all()
+
+
+def test_health_cli_missing_column_exit_2(tmp_path):
+    trace = tmp_path / "t.csv"
+    pd.DataFrame({"run_id": ["a"], "step": [1]}).to_csv(trace, index=False)
+    res = cli("health", trace)
+    assert res.returncode == 2 and "eval_score" in res.stderr
