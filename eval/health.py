@@ -624,15 +624,18 @@ class RewardHacking(HealthAlert):
 
 
 class _HackingMonitor(_AlertMonitor):
-    __slots__ = ("rew", "ev")
+    __slots__ = ("rew", "ev", "first_step")
 
     def __init__(self, alert):
         super().__init__(alert)
         self.rew: list[float] = []
         self.ev: list[float] = []
+        self.first_step = math.nan
 
     def _observe(self, cp):
         a: RewardHacking = self.alert  # type: ignore[assignment]
+        if not self.rew:
+            self.first_step = cp.step
         self.rew.append(cp.reward)
         self.ev.append(cp.eval_score)
         if len(self.rew) < a.w:
@@ -644,7 +647,7 @@ class _HackingMonitor(_AlertMonitor):
             rs = float(_slope(_window_sums(r[:, None, :]), 3)[0, 0]) / a.spacing
             es = float(_slope(_window_sums(e[:, None, :]), a.min_evals)[0, 0]) / a.spacing
             self.detail = (
-                f"over steps {self.t - a.w + 1}..{self.t}: reward slope {_fmt(rs)}/step while eval "
+                f"over steps {self.first_step:g}..{cp.step:g}: reward slope {_fmt(rs)}/step while eval "
                 f"slope {_fmt(es)}/step (tau {a.tau:g})"
             )
             return True

@@ -197,3 +197,88 @@ def _int(step: Any) -> int | None:
         return int(step)
     except (TypeError, ValueError):
         return None
+
+
+class RunSupervisor:
+    """Drives one live run from the trainer's per-step records (`training.metrics.StepRecord`): feeds the
+    alert catalog, moves the run state on paging alerts, pauses at the next checkpoint (a step whose eval
+    gate ran, i.e. `gold_eval` is not NaN) when asked to or when the gate detector says stop, and charges
+    the ledger and Prometheus metrics if given (duck-typed: `infra.ledger.Ledger`,
+    `infra.metrics.PlatformMetrics`).
+
+        live = catalog.start(tenant="acme")
+        sup = RunSupervisor("run-1", "acme", live, gate_detector=make_detector("evalstop"))
+        sup.begin()
+        for record in train(...):
+            sup.observe(record)
+            if sup.machine.state is RunState.PAUSED_BY_GATE: break
+        sup.finish(completed=True)
+    """
+
+    def __init__(
+        self, run_id: str, tenant: str | None, monitor: Any, gate_detector: Any = None, ledger: Any = None,
+        metrics: Any = None, gpu_kind: str = "cpu", n_gpus: int = 1,
+    ):
+        self.machine = RunStateMachine(run_id, tenant)
+        self.monitor = monitor
+        self.gate_monitor = gate_detector.start() if gate_detector is not None else None
+        self.ledger, self.metrics = ledger, metrics
+        self.gpu_kind, self.n_gpus = gpu_kind, n_gpus
+        self.events: list[Any] = []
+        self.steps = 0
+
+    def _publish(self) -> None:
+        if self.metrics is not None:
+            self.metrics.set_state(self.machine.run_id, self.machine.tenant, self.machine.state.value)
+
+    def begin(self) -> None:
+        self.machine.provision()
+        self.machine.start()
+        self._publish()
+
+    def observe(self, record: Any) -> list[Any]:
+        """One committed step. Returns the alert events that fired at it."""
+        from eval.detectors import Checkpoint
+        from eval.health import HealthCheckpoint
+
+        run_id, tenant = self.machine.run_id, self.machine.tenant
+        self.steps += 1
+        if self.ledger is not None:
+            self.ledger.charge_step(run_id, tenant, self.gpu_kind, record, n_gpus=self.n_gpus)
+        if self.metrics is not None:
+            self.metrics.observe_step(run_id, tenant, record, n_gpus=self.n_gpus)
+        events = self.monitor.observe(HealthCheckpoint.from_step_record(record))
+        for ev in events:
+            self.events.append(ev)
+            self.machine.on_alert(ev)
+            if self.metrics is not None:
+                self.metrics.observe_alert(ev)
+        gold = float(record.gold_eval)
+        if gold == gold:  # a gate ran: this step is a checkpoint
+            stop = False
+            if self.gate_monitor is not None:
+                stop = bool(self.gate_monitor.observe(Checkpoint(step=float(record.step), eval_score=gold)))
+            self.machine.on_checkpoint(int(record.step), gate_says_stop=stop)
+        self._publish()
+        return events
+
+    def finish(
+        self, completed: bool = True, exception: BaseException | None = None, reward_errors: Any = None,
+        tenant_code: tuple[str, ...] = (),
+    ) -> RunStatus:
+        """Attribute the run (eval.attribution) and move it to its terminal state."""
+        from eval.attribution import RunEvidence, attribute
+
+        evidence = RunEvidence(completed=completed, exception=exception, reward_errors=reward_errors,
+                               alerts=self.machine.pages, tenant_code=tenant_code)
+        self.attribution = attribute(evidence)
+        if self.attribution.failure_class is None and self.machine.state is RunState.PAUSED_BY_GATE:
+            from eval.attribution import Attribution
+
+            self.attribution = Attribution(
+                None, f"stopped early at step {self.machine.status.step} by the eval gate "
+                f"({self.machine.status.reason}); the best checkpoint is kept", self.attribution.examples,
+            )
+        status = self.machine.finish(self.attribution, step=self.steps)
+        self._publish()
+        return status

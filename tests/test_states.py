@@ -158,3 +158,79 @@ def test_nonconvergence_and_exactly_one_class_per_terminal_run():
         FailureClass.ALGORITHMIC_NON_CONVERGENCE, FailureClass.PLATFORM_FAULT,
     ]
     assert sum(m.state is RunState.SUCCEEDED for m in machines) == 1
+
+
+# --------------------------------------------------------------------------- live runs from StepRecords
+def step_records(n, reward, kl, gate_every=10, eval_curve=None):
+    from training.metrics import StepRecord
+
+    recs = []
+    for t in range(n):
+        gold = eval_curve(t) if eval_curve is not None and t % gate_every == gate_every - 1 else float("nan")
+        recs.append(StepRecord(
+            step=t + 1, policy_version=t + 1, reward_mean=reward(t), gold_eval=gold, kl=kl(t), entropy=2.0,
+            grad_norm=1.0, response_len_mean=40.0, truncation_rate=0.02, unparseable_rate=0.01,
+            phase_seconds={"rollout": 1.0, "score": 0.25, "sync": 0.1, "optim": 0.5},
+            tokens_generated=512, tokens_trained=256,
+        ))
+    return recs
+
+
+def supervise(records, tenant="acme", gate_k=None):
+    from eval.detectors import make_detector
+    from eval.health import Catalog
+    from eval.states import RunSupervisor
+    from infra.ledger import Ledger, PriceTable
+    from infra.metrics import PlatformMetrics
+
+    catalog = Catalog.from_file(algorithm="ppo")
+    ledger = Ledger(PriceTable(gpu_hour={"cpu": "0.05"}))
+    metrics = PlatformMetrics(tenants=[tenant])
+    gate = make_detector("evalstop", k=gate_k) if gate_k else None
+    sup = RunSupervisor("run-x", tenant, catalog.start(tenant=tenant), gate, ledger=ledger, metrics=metrics)
+    sup.begin()
+    for rec in records:
+        sup.observe(rec)
+        if sup.machine.state is RunState.PAUSED_BY_GATE:
+            break
+    sup.finish(completed=True)
+    return sup, ledger, metrics
+
+
+def test_live_dead_run_degrades_then_fails_as_non_convergence():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    recs = step_records(200, reward=lambda t: 0.3 + 0.01 * rng.normal(), kl=lambda t: 0.0,
+                        eval_curve=lambda t: 0.4)
+    sup, ledger, metrics = supervise(recs, gate_k=2)
+    names = [e.alert for e in sup.events]
+    assert "dead_run" in names
+    assert any(label.startswith("DEGRADED(dead_run") for label in sup.machine.labels())
+    assert sup.machine.status.label == "FAILED(algorithmic_non_convergence)"
+    assert "not learning" in sup.machine.status.reason
+    total = ledger.cluster_total()
+    assert total.steps == sup.steps and total.gpu_us == sup.steps * 1_850_000
+    assert b'rlapi_alerts_total{alert="dead_run",severity="paging"} 1.0' in metrics.exposition()
+
+
+def test_live_hacking_pauses_at_next_checkpoint_and_healthy_run_succeeds():
+    hack = step_records(150, reward=lambda t: 0.2 + 0.004 * t, kl=lambda t: 0.0005 * t,
+                        eval_curve=lambda t: 0.3 + (0.002 * t if t < 50 else 0.1 - 0.004 * (t - 50)))
+    sup, _, _ = supervise(hack)
+    assert sup.machine.state is RunState.FAILED
+    labels = sup.machine.labels()
+    paused = [x for x in labels if x.startswith("PAUSED_BY_GATE(")]
+    assert paused and "reward_hacking" in paused[0]
+    hack_event = next(e for e in sup.events if e.alert == "reward_hacking")
+    pause_status = next(s for s in sup.machine.history if s.state is RunState.PAUSED_BY_GATE)
+    assert pause_status.step >= hack_event.step and pause_status.step % 10 == 0  # the next gate
+    healthy = step_records(150, reward=lambda t: 0.2 + 0.004 * t, kl=lambda t: 0.0005 * t,
+                           eval_curve=lambda t: 0.3 + 0.002 * t)
+    sup, _, _ = supervise(healthy, gate_k=2)
+    assert sup.events == [] and sup.machine.labels() == ["QUEUED", "PROVISIONING", "RUNNING", "SUCCEEDED"]
+    # with EvalStop on the gate history, the hacked run is stopped by the gate before the hacking window
+    # closes: two eval declines after the peak at step 50 (gates at 60 and 70)
+    sup, _, _ = supervise(hack, gate_k=2)
+    assert sup.machine.status.label == "SUCCEEDED" and sup.machine.history[-2].step == 70
+    assert "stopped early at step 70 by the eval gate" in sup.machine.status.reason
