@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
+from scipy import stats
 
 NAN = float("nan")
 
@@ -30,7 +31,8 @@ class Checkpoint:
     """What a detector may see of one checkpoint of a run: world feedback and training proxies.
 
     `progress` is the trainer's own step fraction (steps done / steps planned), NaN when unknown.
-    Optional signals are NaN when the run does not report them.
+    Optional signals are NaN when the run does not report them. `eval_se` is the standard error the
+    eval gate reports with its score; noise-aware detectors scale their thresholds with it.
     """
 
     step: float
@@ -42,6 +44,7 @@ class Checkpoint:
     entropy: float = NAN
     grad_norm: float = NAN
     response_len: float = NAN
+    eval_se: float = NAN  # the gate's standard error of eval_score (NaN: unknown)
 
 
 class Monitor:
@@ -63,10 +66,21 @@ class Detector:
     def start(self) -> Monitor:  # pragma: no cover - interface
         raise NotImplementedError
 
+    #: display name in result tables
+    title: ClassVar[str] = ""
+
     @property
     def label(self) -> str:
-        """Name used in result tables (e.g. `EvalStop`, `StopAt0.65`)."""
-        return self.name
+        """Name used in result tables: the title, plus any parameter that differs from its default
+        (`EvalStop`, `EvalStop(k=3)`, `CUSUM(h=2)`), so differently tuned detectors never share a row."""
+        import inspect
+
+        defaults = {k: v.default for k, v in inspect.signature(type(self).__init__).parameters.items()
+                    if v.default is not inspect.Parameter.empty}
+        changed = [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                   for k, v in self.params().items() if k in defaults and defaults[k] != v]
+        title = self.title or self.name
+        return f"{title}({','.join(changed)})" if changed else title
 
     def params(self) -> dict[str, Any]:
         return {}
@@ -120,9 +134,7 @@ class EvalStop(Detector):
             raise ValueError("evalstop: k must be >= 1")
         self.k = int(k)
 
-    @property
-    def label(self) -> str:
-        return "EvalStop" if self.k == 2 else f"EvalStop(k={self.k})"
+    title = "EvalStop"
 
     def start(self) -> Monitor:
         return _EvalStopMonitor(self.k)
@@ -200,9 +212,7 @@ class LossPlateau(Detector):
         self.window = int(window)
         self.min_rel = float(min_rel)
 
-    @property
-    def label(self) -> str:
-        return "LossPlateau"
+    title = "LossPlateau"
 
     def start(self) -> Monitor:
         return _LossPlateauMonitor(self.window, self.min_rel)
@@ -211,10 +221,239 @@ class LossPlateau(Detector):
         return {"window": self.window, "min_rel": self.min_rel}
 
 
-DETECTORS: dict[str, type[Detector]] = {cls.name: cls for cls in (EvalStop, StopAt, LossPlateau)}
+# --------------------------------------------------------------------------- noise-aware detectors
+# They read the gate's standard error from each checkpoint (`eval_se`); runs that do not report one
+# fall back to the detector's `se` parameter. Thresholds are therefore in units of eval noise, which is
+# what lets one default configuration hold from near-deterministic evals to very noisy ones.
+# Their defaults were chosen once, by a sweep over Gaussian eval noise sigma 0.02-0.12 and a 20% hacking
+# rate on a tuning workload (1,500 jobs, seed 1) that the reported experiments (seeds 42..1024) never use.
 
-#: the detector `rlhfops detect` and the live platform use when none is named
-DEFAULT_DETECTOR = "evalstop"
+
+def _se(cp: Checkpoint, fallback: float) -> float:
+    se = cp.eval_se
+    return se if se == se and se > 0.0 else fallback
+
+
+class _PatienceMonitor(Monitor):
+    __slots__ = ("k", "z", "delta", "se", "evals")
+
+    def __init__(self, k: int, z: float, delta: float, se: float):
+        self.k, self.z, self.delta, self.se = k, z, delta, se
+        self.evals: list[float] = []
+
+    def observe(self, cp: Checkpoint) -> bool:
+        if cp.eval_score != cp.eval_score:
+            return False
+        ev = self.evals
+        ev.append(cp.eval_score)
+        if len(ev) <= self.k:
+            return False
+        margin = max(self.delta, self.z * _se(cp, self.se) * math.sqrt(2.0))
+        return max(ev[-self.k:]) < max(ev[:-self.k]) - margin
+
+
+class MinDeltaPatience(Detector):
+    """Stop when the best eval of the last `k` checkpoints is below the best before them by more than
+    delta = max(`delta`, `z` * SE * sqrt(2)) (patience with a noise-scaled minimum delta)."""
+
+    name = "patience"
+
+    def __init__(self, k: int = 2, z: float = 1.0, delta: float = 0.0, se: float = 0.02):
+        if k < 1 or z < 0 or delta < 0 or se <= 0:
+            raise ValueError("patience: need k >= 1, z >= 0, delta >= 0, se > 0")
+        self.k, self.z, self.delta, self.se = int(k), float(z), float(delta), float(se)
+
+    title = "Patience"
+
+    def start(self) -> Monitor:
+        return _PatienceMonitor(self.k, self.z, self.delta, self.se)
+
+    def params(self) -> dict[str, Any]:
+        return {"k": self.k, "z": self.z, "delta": self.delta, "se": self.se}
+
+
+class _CusumMonitor(Monitor):
+    __slots__ = ("h", "drift", "se", "prev", "stat")
+
+    def __init__(self, h: float, drift: float, se: float):
+        self.h, self.drift, self.se = h, drift, se
+        self.prev = NAN
+        self.stat = 0.0
+
+    def observe(self, cp: Checkpoint) -> bool:
+        e = cp.eval_score
+        if e != e:
+            return False
+        prev, self.prev = self.prev, e
+        if prev != prev:
+            return False
+        # decline of this step in units of the noise of a difference of two evals
+        fall = (prev - e) / (_se(cp, self.se) * math.sqrt(2.0))
+        self.stat = max(0.0, self.stat + fall - self.drift)
+        return self.stat > self.h
+
+
+class Cusum(Detector):
+    """One-sided CUSUM on checkpoint-to-checkpoint eval changes, normalised by the gate's SE:
+    S_t = max(0, S_{t-1} + (e_{t-1} - e_t) / (sqrt(2) SE) - drift); stop when S_t > h."""
+
+    name = "cusum"
+
+    def __init__(self, h: float = 2.0, drift: float = 0.0, se: float = 0.02):
+        if h <= 0 or drift < 0 or se <= 0:
+            raise ValueError("cusum: need h > 0, drift >= 0, se > 0")
+        self.h, self.drift, self.se = float(h), float(drift), float(se)
+
+    title = "CUSUM"
+
+    def start(self) -> Monitor:
+        return _CusumMonitor(self.h, self.drift, self.se)
+
+    def params(self) -> dict[str, Any]:
+        return {"h": self.h, "drift": self.drift, "se": self.se}
+
+
+class _BocpdMonitor(Monitor):
+    """Adams & MacKay (2007) on SE-normalised eval changes with a Normal-Gamma prior, so each run
+    length's predictive is a Student-t. Per run length r it keeps the segment's sufficient statistics."""
+
+    __slots__ = ("det", "prev", "logp", "n", "sx", "sxx")
+
+    def __init__(self, det: Bocpd):
+        self.det = det
+        self.prev = NAN
+        self.logp = np.zeros(1)  # log P(run length = r), r = 0..t
+        self.n = np.zeros(1)
+        self.sx = np.zeros(1)
+        self.sxx = np.zeros(1)
+
+    def _posterior(self, n, sx, sxx):
+        d = self.det
+        kappa = d.kappa0 + n
+        mean = np.divide(d.kappa0 * d.mu0 + sx, kappa)
+        xbar = np.divide(sx, np.maximum(n, 1.0))
+        ss = np.maximum(sxx - n * xbar * xbar, 0.0)
+        alpha = d.alpha0 + n / 2.0
+        beta = d.beta0 + 0.5 * ss + d.kappa0 * n * (xbar - d.mu0) ** 2 / (2.0 * kappa)
+        return mean, kappa, alpha, beta
+
+    def observe(self, cp: Checkpoint) -> bool:
+        e = cp.eval_score
+        if e != e:
+            return False
+        prev, self.prev = self.prev, e
+        if prev != prev:
+            return False
+        x = (e - prev) / (_se(cp, self.det.se) * math.sqrt(2.0))
+        mean, kappa, alpha, beta = self._posterior(self.n, self.sx, self.sxx)
+        scale = np.sqrt(beta * (kappa + 1.0) / (alpha * kappa))
+        log_pred = stats.t.logpdf(x, df=2.0 * alpha, loc=mean, scale=scale)
+        h = self.det.hazard
+        grow = self.logp + log_pred + math.log(1.0 - h)
+        cp_mass = np.logaddexp.reduce(self.logp + log_pred) + math.log(h)
+        logp = np.concatenate(([cp_mass], grow))
+        logp -= np.logaddexp.reduce(logp)
+        self.logp = logp
+        self.n = np.concatenate(([0.0], self.n)) + 1.0
+        self.sx = np.concatenate(([0.0], self.sx)) + x
+        self.sxx = np.concatenate(([0.0], self.sxx)) + x * x
+        # P(the current regime's mean change is downward), mixed over run lengths
+        mean, kappa, alpha, beta = self._posterior(self.n, self.sx, self.sxx)
+        p_down = stats.t.cdf(-self.det.min_drop, df=2.0 * alpha, loc=mean, scale=np.sqrt(beta / (alpha * kappa)))
+        return float(np.exp(logp) @ p_down) > self.det.level
+
+
+class Bocpd(Detector):
+    """Bayesian online change-point detection on eval changes (in SE units); stop when the posterior
+    probability that the current regime is a downward one (mean change below -`min_drop`) exceeds `level`."""
+
+    name = "bocpd"
+
+    def __init__(self, hazard: float = 0.3, level: float = 0.6, min_drop: float = 0.25, se: float = 0.02,
+                 mu0: float = 0.0, kappa0: float = 0.5, alpha0: float = 2.0, beta0: float = 1.0):
+        if not 0 < hazard < 1 or not 0 < level < 1 or se <= 0 or kappa0 <= 0 or alpha0 <= 0 or beta0 <= 0:
+            raise ValueError("bocpd: need 0 < hazard < 1, 0 < level < 1, se > 0 and positive prior parameters")
+        self.hazard, self.level, self.min_drop, self.se = float(hazard), float(level), float(min_drop), float(se)
+        self.mu0, self.kappa0, self.alpha0, self.beta0 = float(mu0), float(kappa0), float(alpha0), float(beta0)
+
+    title = "BOCPD"
+
+    def start(self) -> Monitor:
+        return _BocpdMonitor(self)
+
+    def params(self) -> dict[str, Any]:
+        return {"hazard": self.hazard, "level": self.level, "min_drop": self.min_drop, "se": self.se}
+
+
+def _slope(y: list[float]) -> float:
+    n = len(y)
+    xm = (n - 1) / 2.0
+    ym = sum(y) / n
+    num = sum((i - xm) * (v - ym) for i, v in enumerate(y))
+    den = sum((i - xm) ** 2 for i in range(n))
+    return num / den
+
+
+class _DivergenceMonitor(Monitor):
+    __slots__ = ("det", "evals", "rewards")
+
+    def __init__(self, det: Divergence):
+        self.det = det
+        self.evals: list[float] = []
+        self.rewards: list[float] = []
+
+    def observe(self, cp: Checkpoint) -> bool:
+        if cp.eval_score != cp.eval_score:
+            return False
+        d = self.det
+        self.evals.append(cp.eval_score)
+        self.rewards.append(cp.reward)
+        se = _se(cp, d.se)
+        for w, z in d.tests:
+            if len(self.evals) < w:
+                continue
+            ev, rw = self.evals[-w:], self.rewards[-w:]
+            # SE of a least-squares slope over w equally spaced points: SE / sqrt(sum((i - mean)^2))
+            slope_se = se / math.sqrt(sum((i - (w - 1) / 2.0) ** 2 for i in range(w)))
+            if _slope(ev) < -z * slope_se and (any(r != r for r in rw) or _slope(rw) > 0.0):
+                return True
+        return False
+
+
+class Divergence(Detector):
+    """The runbook's reward-hacking signature as an early-stop rule: over the last `window` checkpoints
+    the proxy reward's slope is positive while the eval slope is significantly negative (below -`z`
+    standard errors of a least-squares slope, from the gate's SE). Without a reward column it degrades
+    to the eval-slope test alone."""
+
+    name = "divergence"
+
+    def __init__(self, window: int = 4, z: float = 1.0, short_z: float = 2.0, se: float = 0.02):
+        if window < 2 or z < 0 or short_z < 0 or se <= 0:
+            raise ValueError("divergence: need window >= 2, z >= 0, short_z >= 0, se > 0")
+        self.window, self.z, self.short_z, self.se = int(window), float(z), float(short_z), float(se)
+        # the main test, plus (short_z > 0) a stricter one over the last 3 checkpoints that reacts sooner
+        # to a steep fall
+        self.tests = [(self.window, self.z)] + ([(3, self.short_z)] if self.short_z > 0 and self.window > 3 else [])
+
+    title = "Divergence"
+
+    def start(self) -> Monitor:
+        return _DivergenceMonitor(self)
+
+    def params(self) -> dict[str, Any]:
+        return {"window": self.window, "z": self.z, "short_z": self.short_z, "se": self.se}
+
+
+DETECTORS: dict[str, type[Detector]] = {
+    cls.name: cls for cls in (EvalStop, StopAt, LossPlateau, MinDeltaPatience, Cusum, Bocpd, Divergence)
+}
+
+#: The detector `rlhfops detect` and the live platform use when none is named: the best row of
+#: docs/detectors.md (`rlhfops compare-detectors`). Divergence holds precision and recall >= 0.90 at
+#: eval-noise sigma 0.08 and >= 0.85 at 0.12, >= 0.95 precision at a 20% hacking rate, and beats
+#: EvalStop(k=2) on every column at the paper's default noise.
+DEFAULT_DETECTOR = "divergence"
 
 
 def make_detector(name: str, **params: Any) -> Detector:

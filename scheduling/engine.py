@@ -44,6 +44,8 @@ class SimResult:
     busy_at_useful: np.ndarray  # `busy` when its last useful checkpoint landed
     first_useful: np.ndarray  # time of its first useful checkpoint, NaN if none
     best_eval: np.ndarray
+    best_index: np.ndarray  # flat checkpoint index of the best eval at or before the end
+    end_index: np.ndarray  # flat checkpoint index the job ended at
     final_eval: np.ndarray  # eval of the checkpoint it ended at
     saved_minutes: np.ndarray  # training + eval minutes avoided by stopping early (per GPU)
     preemptions: np.ndarray
@@ -73,6 +75,8 @@ def simulate(
     cp_prog = wl.cp_progress.tolist()
     cp_eval = wl.cp_eval.tolist()
     cp_loss = wl.cp_loss.tolist()
+    cp_reward = wl.cp_reward.tolist()
+    eval_se = wl.eval_se.tolist()
     if max(demand, default=0) > gpus:
         raise ValueError(f"a job needs {max(demand)} GPUs but the cluster has {gpus}")
 
@@ -99,6 +103,8 @@ def simulate(
     first_useful = [float("nan")] * n
     best = [float("-inf")] * n
     n_preempt = [0] * n
+    best_k = [0] * n  # flat checkpoint index of the best eval so far (the checkpoint a stop keeps)
+    end_k = [0] * n  # flat checkpoint index the job ended at
     end = [0.0] * n
     stopped = [False] * n
     stop_prog = [0.0] * n
@@ -228,6 +234,7 @@ def simulate(
             next_arrival += 1
             t = arrival[i]
             v = JobView(i, JOB_TYPES[jtype[i]], tenant[i], demand[i], t, est[i])
+            v.eval_se = eval_se[i]
             views[i] = v
             prio[i] = priority(v)
             push_waiting(i)
@@ -256,6 +263,7 @@ def simulate(
         v.progress = p
         v.eval_history.append(e)
         v.loss_history.append(cp_loss[k])
+        v.reward_history.append(cp_reward[k])
         v.progress_history.append(p)
         b = best[i]
         # useful: clears the quality bar and beats the previous best by the minimum relative gain
@@ -265,6 +273,7 @@ def simulate(
                 first_useful[i] = t
         if e > b:
             best[i] = e
+            best_k[i] = k
         last = k == cp_start[i + 1] - 1
         stop = on_checkpoint(v)
         if stop or last:
@@ -273,6 +282,7 @@ def simulate(
             end[i] = t
             stopped[i] = stop
             stop_prog[i] = p
+            end_k[i] = k
             final_eval[i] = e
             if not last:
                 saved[i] = (1.0 - p) * duration[i] + (cp_start[i + 1] - 1 - k) * eval_min[i]
@@ -311,6 +321,8 @@ def simulate(
         busy_at_useful=np.array(busy_useful),
         first_useful=np.array(first_useful),
         best_eval=np.array(best),
+        best_index=np.array(best_k, dtype=np.int64),
+        end_index=np.array(end_k, dtype=np.int64),
         final_eval=np.array(final_eval),
         saved_minutes=np.array(saved),
         preemptions=np.array(n_preempt, dtype=np.int64),

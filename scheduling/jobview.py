@@ -23,7 +23,8 @@ class InformationBoundaryError(AttributeError):
 class JobView:
     __slots__ = (
         "job_id", "job_type", "tenant", "gpus", "arrival", "est_duration",
-        "attained", "progress", "eval_history", "loss_history", "progress_history", "preemptions",
+        "attained", "progress", "eval_history", "loss_history", "reward_history", "progress_history", "preemptions",
+        "eval_se",
     )
 
     def __init__(self, job_id: int, job_type: str, tenant: int, gpus: int, arrival: float, est_duration: float):
@@ -37,6 +38,8 @@ class JobView:
         self.progress = 0.0  # trainer-reported fraction of planned steps, at the last checkpoint
         self.eval_history: list[float] = []
         self.loss_history: list[float] = []
+        self.reward_history: list[float] = []
+        self.eval_se = float("nan")  # the eval gate's reported standard error
         self.progress_history: list[float] = []
         self.preemptions = 0
 

@@ -36,6 +36,15 @@ def job_table(wl: Workload, res: SimResult) -> dict[str, np.ndarray]:
     n_cp = np.diff(wl.cp_start)
     planned = wl.duration + n_cp * wl.eval_minutes
     gpu_min = wl.gpus * res.busy
+    # Quality the platform delivers: a stopped job keeps its best checkpoint, a finished one its final
+    # model. Regret is the noise-free eval lost against the job's true peak; detection delay counts
+    # checkpoints between the true peak and the stop.
+    starts = wl.cp_start[:-1]
+    peak_k = starts + np.array([np.argmax(wl.cp_clean[a:b]) for a, b in zip(starts, wl.cp_start[1:], strict=True)],
+                               dtype=np.int64)
+    kept_k = np.where(res.stopped, res.best_index, res.end_index)
+    regret = wl.cp_clean[peak_k] - wl.cp_clean[kept_k]
+    delay = np.where(res.stopped & wl.hacking, res.end_index - peak_k, -1)
     wasted = wl.gpus * (res.busy - res.busy_at_useful)
     return {
         "job_id": np.arange(wl.n),
@@ -57,6 +66,8 @@ def job_table(wl: Workload, res: SimResult) -> dict[str, np.ndarray]:
         "best_eval": res.best_eval,
         "final_eval": res.final_eval,
         "preemptions": res.preemptions,
+        "regret": regret,
+        "detection_delay": delay,
     }
 
 
@@ -84,6 +95,10 @@ def summarize(jobs: dict[str, np.ndarray], tenants: int) -> dict[str, float]:
         "fpr": fp / n_neg if n_neg else float("nan"),
         "stopped": float(flag.sum()),
         "jain": jain(per_tenant),
+        # over RLHF jobs (where hacking and false stops happen); delay over detected hacking jobs
+        "regret": float(jobs["regret"][jobs["type"] == "rlhf"].mean()) if np.any(jobs["type"] == "rlhf") else 0.0,
+        "detection_delay": float(jobs["detection_delay"][jobs["detection_delay"] >= 0].mean())
+        if np.any(jobs["detection_delay"] >= 0) else float("nan"),
         "gpu_minutes": gpu_total,
     }
     for t in range(tenants):

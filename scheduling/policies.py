@@ -127,6 +127,8 @@ class EarlyStop(Policy):
         cp.eval_score = view.eval_history[-1]
         cp.progress = view.progress
         cp.loss = view.loss_history[-1]
+        cp.reward = view.reward_history[-1]
+        cp.eval_se = view.eval_se
         return monitor.observe(cp)
 
     def forget(self, job_id: int) -> None:

@@ -34,6 +34,9 @@ class Workload:
     cp_progress: np.ndarray  # float64, progress fraction of each checkpoint
     cp_eval: np.ndarray  # observed (noisy) eval score at each checkpoint
     cp_loss: np.ndarray  # observed training loss at each checkpoint
+    cp_reward: np.ndarray  # proxy reward-model score at each checkpoint (rises in every regime)
+    cp_clean: np.ndarray  # noise-free eval at each checkpoint (hidden: for regret and detection delay)
+    eval_se: np.ndarray  # per job: the standard error its eval gate reports (the noise sigma)
     est_duration: np.ndarray  # per-type mean duration: the only duration a scheduler may use
 
     @property
@@ -116,6 +119,10 @@ def generate(cfg: WorkloadConfig, seed: int) -> Workload:
     cp_progress = np.empty(total)
     cp_eval = np.empty(total)
     cp_loss = np.empty(total)
+    cp_reward = np.empty(total)
+    cp_clean = np.empty(total)
+    reward_gain = rng.uniform(0.5, 1.0, size=n)
+    reward_tau = rng.uniform(0.3, 0.6, size=n)
 
     for t, grid in enumerate(grids):
         idx = np.flatnonzero(job_type == t)
@@ -149,6 +156,10 @@ def generate(cfg: WorkloadConfig, seed: int) -> Workload:
         cp_progress[flat] = p.ravel()
         cp_eval[flat] = observed.ravel()
         cp_loss[flat] = loss.ravel()
+        cp_clean[flat] = clean.ravel()
+        # the proxy (reward model) keeps rising in every regime: that is what makes it a proxy
+        reward = reward_gain[idx, None] * (1.0 - np.exp(-p / reward_tau[idx, None]))
+        cp_reward[flat] = (reward + rng.normal(0.0, 0.02, (idx.size, k))).ravel()
 
     return Workload(
         arrival=arrival,
@@ -163,5 +174,8 @@ def generate(cfg: WorkloadConfig, seed: int) -> Workload:
         cp_progress=cp_progress,
         cp_eval=cp_eval,
         cp_loss=cp_loss,
+        cp_reward=cp_reward,
+        cp_clean=cp_clean,
+        eval_se=np.where(is_rlhf, cfg.eval_noise.sigma, cfg.sft_eval_noise.sigma),
         est_duration=est_duration,
     )

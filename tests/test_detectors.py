@@ -93,3 +93,64 @@ def test_trace_replay_sorts_rows_and_keeps_odd_ids(tmp_path):
 def test_bad_traces_name_the_problem(tmp_path, rows, message):
     with pytest.raises(BadInput, match=message):
         load_trace(write_trace(tmp_path, rows))
+
+
+def test_cusum_accumulates_declines_in_se_units():
+    # se 0.1 -> a fall of 0.1*sqrt(2) is one unit; h=2 needs more than two units in total
+    det = make_detector("cusum", h=2.0, drift=0.0, se=0.1)
+    step = 0.9 * 0.1 * np.sqrt(2)  # 0.9 units per fall: 0.9, 1.8, then 2.7 > 2
+    assert first_stop(det, [1.0, 1.0 - step, 1.0 - 2 * step, 1.0 - 3 * step]) == 3
+    assert first_stop(det, [1.0, 1.0 - step, 1.0, 1.0 - step, 1.0]) is None  # rises reset the evidence
+
+
+def test_noise_aware_detectors_read_the_gates_se():
+    evals = [0.30, 0.45, 0.55, 0.50, 0.46]  # a 0.05 then 0.04 fall after the peak
+    for name in ("divergence", "cusum", "patience"):
+        det = make_detector(name)
+        quiet = _stop_with_se(det, evals, se=0.2)   # falls are well inside a noisy gate's error
+        loud = _stop_with_se(det, evals, se=0.005)  # and far outside a precise gate's
+        assert quiet is None and loud is not None, name
+
+
+def _stop_with_se(det, evals, se):
+    m = det.start()
+    for i, e in enumerate(evals):
+        if m.observe(Checkpoint(step=i, eval_score=e, reward=0.1 * i, eval_se=se)):
+            return i
+    return None
+
+
+def test_bocpd_flags_a_regime_change_not_a_rising_run():
+    det = make_detector("bocpd")
+    se = 0.02
+    rising = [0.2 + 0.05 * i for i in range(7)]
+    hacking = [0.2, 0.3, 0.4, 0.45, 0.35, 0.25, 0.15]
+    assert _stop_with_se(det, rising, se) is None
+    assert _stop_with_se(det, hacking, se) in (4, 5, 6)
+
+
+def test_divergence_needs_reward_up_when_reward_is_reported():
+    det = make_detector("divergence")
+    evals = [0.3, 0.5, 0.6, 0.5, 0.4, 0.3]
+    m = det.start()
+    fired = [m.observe(Checkpoint(step=i, eval_score=e, reward=1.0 - 0.1 * i, eval_se=0.02))
+             for i, e in enumerate(evals)]
+    assert not any(fired)  # proxy falling too: a collapse, not reward hacking
+    assert _stop_with_se(det, evals, 0.02) is not None
+
+
+@pytest.mark.parametrize("name", ["patience", "cusum", "bocpd", "divergence"])
+def test_new_detectors_scan_matches_streaming(name):
+    det = make_detector(name)
+    rng = np.random.default_rng(2)
+    evals = np.cumsum(rng.normal(0.0, 0.05, (30, 8)), axis=1)
+    rewards = np.cumsum(np.abs(rng.normal(0.05, 0.02, (30, 8))), axis=1)
+    got = det.scan({"eval_score": evals, "reward": rewards, "eval_se": np.full((30, 8), 0.03)})
+    for r in range(30):
+        m = det.start()
+        want = -1
+        for t in range(8):
+            if m.observe(Checkpoint(step=t, eval_score=evals[r, t], reward=rewards[r, t], eval_se=0.03)):
+                want = t
+                break
+        assert got[r] == want

@@ -35,6 +35,9 @@ def hand_workload(jobs: list[dict]) -> Workload:
         cp_progress=np.array([e[0] for e in flat], float),
         cp_eval=np.array([e[1] for e in flat], float),
         cp_loss=np.array([e[2] for e in flat], float),
+        cp_reward=np.linspace(0.0, 1.0, len(flat)),
+        cp_clean=np.array([e[1] for e in flat], float),
+        eval_se=np.full(n, 0.02),
         est_duration=np.array([j.get("est", j["duration"]) for j in jobs], float),
     )
 
@@ -150,7 +153,7 @@ def test_stopat_applies_to_rlhf_only():
     lora.eval_history, lora.loss_history, lora.progress = [0.5], [1.0], 0.6
     assert pol.on_checkpoint(lora) is False
     rl = JobView(1, "rlhf", 0, 4, 0.0, 210.0)
-    rl.eval_history, rl.loss_history, rl.progress = [0.5], [1.0], 0.6
+    rl.eval_history, rl.loss_history, rl.reward_history, rl.progress = [0.5], [1.0], [0.3], 0.6
     assert pol.on_checkpoint(rl) is True
 
 
@@ -239,3 +242,27 @@ def test_e4_evalstop_improves_every_base():
         assert s.loc[wrapped].jct_mean < s.loc[base].jct_mean, base
         assert s.loc[wrapped].wasted_frac < s.loc[base].wasted_frac, base
         assert s.loc[wrapped].precision >= 0.95 and s.loc[wrapped].fpr <= 0.03, base
+
+
+def test_platform_default_detector_clears_the_noise_bar():
+    """Issue bar with one configuration: sigma 0.08 P,R >= 0.90; sigma 0.12 >= 0.85; 20% hacking P >= 0.95;
+    at the default noise no worse than EvalStop(k=2) on precision, recall, JCT and wasted compute."""
+    from eval.detectors import DEFAULT_DETECTOR, make_detector
+
+    default = f"{make_detector(DEFAULT_DETECTOR).label}+SRTF"
+    scheds = ["EvalStop+SRTF", default]
+
+    def quality(overrides):
+        cfg = load_experiment("E2", {**overrides, "schedulers": scheds})
+        per_seed, jobs = run_units(units_for(cfg), workers=1)
+        return aggregate(per_seed, jobs).set_index("scheduler")
+
+    s08 = quality({"workload.eval_noise.sigma": 0.08}).loc[default]
+    assert s08.precision >= 0.90 and s08.recall >= 0.90
+    s12 = quality({"workload.eval_noise.sigma": 0.12}).loc[default]
+    assert s12.precision >= 0.85 and s12.recall >= 0.85
+    assert quality({"workload.hack_fraction": 0.2}).loc[default].precision >= 0.95
+    base = quality({})
+    ours, es = base.loc[default], base.loc["EvalStop+SRTF"]
+    assert ours.precision >= es.precision and ours.recall >= es.recall
+    assert ours.jct_mean <= es.jct_mean and ours.wasted_frac <= es.wasted_frac

@@ -130,3 +130,21 @@ def register(app: typer.Typer) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(render(summary))
         console.print(f"[green]wrote {out}[/]")
+
+    @app.command("compare-detectors")
+    def compare_detectors_cmd(
+        out: Path = typer.Option(Path("docs/detectors.md"), "--out", help="markdown file to write"),
+        workers: int = typer.Option(None, "--workers", help="worker processes (default: all cores)"),
+    ) -> None:
+        """Every detector on E7 (Gaussian, Student-t, AR(1) noise) and E8: precision, recall, FPR, JCT,
+        wasted compute, detection delay, regret; writes docs/detectors.md."""
+        from scheduling.detector_report import render, report_units, run_report
+
+        console = make_console()
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as progress:
+            task = progress.add_task("detectors: variant x seed", total=len(report_units()))
+            table = run_report(workers, on_done=lambda _u: progress.advance(task))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(render(table))
+        console.print(f"[green]wrote {out}[/]")

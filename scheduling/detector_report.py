@@ -1,0 +1,126 @@
+"""Detectors beyond EvalStop under noise and base-rate stress: write docs/detectors.md.
+
+E7 (eval-noise sigma 0.01-0.12) with Gaussian, Student-t (df 3) and AR(1) (rho 0.6) noise, and E8
+(hacking fraction 20-80%), every detector with its documented defaults on SRTF-Est, EvalStop(k=2) as the
+baseline. Columns: precision, recall, FPR, JCT, wasted compute, detection delay (checkpoints after the
+true eval peak before the stop, detected hacking jobs) and regret (true peak eval minus the noise-free
+eval of the checkpoint the platform keeps, mean over RLHF jobs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pandas as pd
+
+from eval.detectors import DEFAULT_DETECTOR, DETECTORS, make_detector
+from scheduling.experiments import Unit, load_experiment, run_units, units_for
+
+DETECTOR_SCHEDULERS = ["SRTF-Est", "EvalStop+SRTF", "Patience+SRTF", "CUSUM+SRTF", "BOCPD+SRTF",
+                       "Divergence+SRTF", "LossPlateau+SRTF"]
+NOISE_KINDS = ("gaussian", "student_t", "ar1")
+
+
+def report_units() -> list[Unit]:
+    units = []
+    for kind in NOISE_KINDS:
+        cfg = load_experiment("E7", {"workload.eval_noise.kind": kind, "schedulers": DETECTOR_SCHEDULERS})
+        for u in units_for(cfg):
+            u.experiment = f"E7/{kind}"
+            units.append(u)
+    cfg = load_experiment("E8", {"schedulers": DETECTOR_SCHEDULERS})
+    for u in units_for(cfg):
+        u.experiment = "E8/gaussian"
+        units.append(u)
+    return units
+
+
+def run_report(workers: int | None = None, on_done: Callable | None = None) -> pd.DataFrame:
+    per_seed, _ = run_units([u for u in report_units()], workers=workers, on_done=on_done)
+    cols = ["precision", "recall", "fpr", "jct", "wasted_frac", "detection_delay", "regret", "stopped"]
+    return per_seed.groupby(["experiment", "variant", "scheduler"], sort=False)[cols].mean().reset_index()
+
+
+def _f(x: float, pct: bool = False) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f"{100 * x:.1f}%" if pct else f"{x:.2f}" if abs(x) < 10 else f"{x:,.0f}"
+
+
+def render(table: pd.DataFrame) -> str:
+    det_defaults = "\n".join(f"- `{name}`: {make_detector(name).params()}" for name in DETECTORS
+                             if name not in ("stopat",))
+    out = ["# Early-stop detectors under noise and base-rate stress\n",
+           "Written by `rlhfops compare-detectors`. Every detector runs with its documented defaults (chosen once, "
+           "not per noise level) on SRTF-Est, E2 workload, seeds 42, 123, 456, 789, 1024; EvalStop(k=2) is the "
+           "paper's baseline. Noise-aware detectors read the eval gate's standard error (here the noise sigma). "
+           "Delay: checkpoints from the true eval peak to the stop (detected hacking jobs). Regret: true peak eval "
+           "minus the noise-free eval of the checkpoint the platform keeps (best so far if stopped, final model "
+           "otherwise), mean over RLHF jobs.\n",
+           f"Platform default: **{DEFAULT_DETECTOR}** (see the verdict at the end).\n",
+           "Defaults:\n", det_defaults, ""]
+    header = ["Variant", "Detector", "Precision", "Recall", "FPR", "JCT (min)", "Wasted", "Delay", "Regret"]
+    for exp, g in table.groupby("experiment", sort=False):
+        out.append(f"## {exp}\n")
+        out.append("| " + " | ".join(header) + " |")
+        out.append("|" + "---|" * len(header))
+        for _, r in g.iterrows():
+            if r.scheduler == "SRTF-Est":
+                det = "none (SRTF-Est)"
+            else:
+                det = r.scheduler.replace("+SRTF", "")
+            bold = det.lower().startswith(DEFAULT_DETECTOR)
+            name = f"**{det}**" if bold else det
+            out.append("| " + " | ".join([r.variant, name, _f(r.precision, True), _f(r.recall, True), _f(r.fpr, True),
+                                          _f(r.jct), _f(r.wasted_frac, True), _f(r.detection_delay),
+                                          f"{r.regret:.3f}"]) + " |")
+        out.append("")
+    out.append(verdict(table))
+    return "\n".join(out)
+
+
+def check_acceptance(table: pd.DataFrame, detector: str) -> dict[str, bool]:
+    """The issue's bar for a platform default, evaluated on this table."""
+    def row(exp: str, variant: str, sched: str) -> pd.Series:
+        return table[(table.experiment == exp) & (table.variant == variant) & (table.scheduler == sched)].iloc[0]
+
+    d = f"{detector}+SRTF"
+    s08, s12 = row("E7/gaussian", "sigma=0.08", d), row("E7/gaussian", "sigma=0.12", d)
+    h20 = row("E8/gaussian", "hack=20%", d)
+    base, ours = row("E8/gaussian", "hack=60%", "EvalStop+SRTF"), row("E8/gaussian", "hack=60%", d)
+    return {
+        "sigma 0.08: precision and recall >= 0.90": bool(s08.precision >= 0.90 and s08.recall >= 0.90),
+        "sigma 0.12: precision and recall >= 0.85": bool(s12.precision >= 0.85 and s12.recall >= 0.85),
+        "20% hacking: precision >= 0.95": bool(h20.precision >= 0.95),
+        "default noise: precision, recall >= EvalStop": bool(ours.precision >= base.precision
+                                                             and ours.recall >= base.recall),
+        "default noise: JCT, wasted <= EvalStop": bool(ours.jct <= base.jct and ours.wasted_frac <= base.wasted_frac),
+    }
+
+
+def verdict(table: pd.DataFrame) -> str:
+    lines = ["## Verdict\n"]
+    titles = {name: make_detector(name).label for name in DETECTORS if name not in ("stopat",)}
+    for title in titles.values():
+        if f"{title}+SRTF" not in set(table.scheduler):
+            continue
+        checks = check_acceptance(table, title)
+        passed = sum(checks.values())
+        lines.append(f"- **{title}**: {passed}/{len(checks)} of the bar — "
+                     + "; ".join(f"{k}: {'yes' if v else 'no'}" for k, v in checks.items()))
+    lines.append("")
+    clear = [title for title in titles.values() if f"{title}+SRTF" in set(table.scheduler)
+             and all(check_acceptance(table, title).values())]
+    default_title = titles[DEFAULT_DETECTOR]
+    if clear == [default_title]:
+        lines.append(f"`{DEFAULT_DETECTOR}` is the platform default because it is the only detector that clears every "
+                     "line of the bar with one configuration: its slope test pools several checkpoints and scales "
+                     "with the gate's standard error, so it neither fires on noise (EvalStop's two raw declines do, "
+                     "more often as sigma grows) nor needs many post-peak checkpoints (CUSUM and BOCPD lose recall "
+                     "at high noise because a run has only two or three checkpoints after its peak).")
+    else:
+        lines.append(f"Detectors clearing every line: {', '.join(clear) or 'none'}; the platform default is "
+                     f"`{DEFAULT_DETECTOR}` ({default_title}). Revisit `eval.detectors.DEFAULT_DETECTOR` if this "
+                     "table disagrees with it.")
+    return "\n".join(lines) + "\n"
