@@ -45,6 +45,10 @@ class StepRecord:
     chunk_size: int = 0
     deferred: int = 0
     wall_s: float = NAN
+    # added by the OPPO trainer: mean policy-version lag of trained tokens (inter-step staleness) and
+    # decode steps the rollout took (the straggler cost inter-step overlap removes)
+    staleness_mean: float = NAN
+    decode_steps: int = 0
 
     def flat(self) -> dict[str, float]:
         """One flat dict of numbers (phase times as `phase_<name>_s`) for CSV rows and metric loggers."""

@@ -1,0 +1,266 @@
+"""The four PPO roles as transformers models, the byte-level tokenizer, and the two warm starts.
+
+- actor / reference: a causal LM (`*ForCausalLM`), tiny and random-weight unless `model_name_or_path`;
+  the reference is a frozen copy of the base policy.
+- reward model / critic: `*ForSequenceClassification` with one label. The reward is the head's
+  output at the last real token (what TRL's RewardTrainer trains); the critic applies the same
+  head to every position (OpenRLHF's critic; it is initialised from the reward model, as OpenRLHF does).
+- tokenizer: `ByT5Tokenizer` (bytes + pad/eos/unk, no files needed) unless a checkpoint brings its own.
+
+Warm starts, cached under `cache_dir` by a hash of the config that made them so a run, its resume and the
+benchmark's four modes share them: the base policy is fitted to the task corpus (a few hundred SFT steps,
+seconds) so the reference writes text with long-tailed lengths; the proxy reward model is fitted to
+gold-labelled noisy preference pairs with TRL's RewardTrainer (or the same Bradley-Terry loss in plain
+torch, `task.rm_trainer: torch`).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    ByT5Tokenizer,
+    GPT2Config,
+    LlamaConfig,
+    PreTrainedModel,
+    Qwen2Config,
+)
+
+from training.config import ModelConfig, TrainConfig
+from training.task import corpus_response, make_prompts, preference_pairs
+
+log = logging.getLogger(__name__)
+
+
+class Tokenizer:
+    """Thin wrapper: ids in, ids out, with the pad/eos ids the engine needs."""
+
+    def __init__(self, hf_tokenizer):
+        self.hf = hf_tokenizer
+        self.pad_id = hf_tokenizer.pad_token_id if hf_tokenizer.pad_token_id is not None else 0
+        self.eos_id = hf_tokenizer.eos_token_id
+        self.vocab_size = len(hf_tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+
+def make_tokenizer(path: str | None = None) -> Tokenizer:
+    if path:
+        tok = AutoTokenizer.from_pretrained(path)
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
+        return Tokenizer(tok)
+    return Tokenizer(ByT5Tokenizer(extra_ids=0))
+
+
+def format_prompt(prompt: str) -> str:
+    return prompt + " "
+
+
+def _hf_config(mc: ModelConfig, tok: Tokenizer, max_positions: int, **extra):
+    common = dict(vocab_size=tok.vocab_size, pad_token_id=tok.pad_id, eos_token_id=tok.eos_id, **extra)
+    if mc.arch == "gpt2":
+        return GPT2Config(
+            n_embd=mc.hidden_size, n_layer=mc.num_layers, n_head=mc.num_heads, n_inner=mc.intermediate_size,
+            n_positions=max_positions, bos_token_id=tok.eos_id, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0, **common,
+        )
+    cls = LlamaConfig if mc.arch == "llama" else Qwen2Config
+    return cls(
+        hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size, num_hidden_layers=mc.num_layers,
+        num_attention_heads=mc.num_heads, num_key_value_heads=mc.num_heads,
+        max_position_embeddings=max_positions, bos_token_id=None, tie_word_embeddings=True, **common,
+    )
+
+
+def build_causal_lm(mc: ModelConfig, tok: Tokenizer, max_positions: int) -> PreTrainedModel:
+    if mc.model_name_or_path:
+        return AutoModelForCausalLM.from_pretrained(mc.model_name_or_path, dtype=torch.float32)
+    return AutoModelForCausalLM.from_config(_hf_config(mc, tok, max_positions), dtype=torch.float32)
+
+
+def build_scorer(mc: ModelConfig, tok: Tokenizer, max_positions: int, path: str | None = None) -> PreTrainedModel:
+    """A one-label sequence-classification model (reward model or critic)."""
+    path = path or mc.model_name_or_path
+    if path:
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+    else:
+        model = AutoModelForSequenceClassification.from_config(
+            _hf_config(mc, tok, max_positions, num_labels=1), dtype=torch.float32
+        )
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tok.pad_id
+    return model
+
+
+def scorer_parts(model: PreTrainedModel) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(transformer body, linear head) of a sequence-classification model, for per-position outputs."""
+    head = getattr(model, "score", None) or getattr(model, "classifier", None)
+    if head is None:
+        raise TypeError(f"{type(model).__name__} has no `score` head; use a *ForSequenceClassification model")
+    return model.base_model, head
+
+
+def _hash(*parts) -> str:
+    blob = json.dumps([p.model_dump() if hasattr(p, "model_dump") else p for p in parts], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _max_positions(cfg: TrainConfig) -> int:
+    return 32 + 2 * cfg.ppo.max_new_tokens
+
+
+def _pad_right(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
+def sft_base_policy(cfg: TrainConfig, tok: Tokenizer, model: PreTrainedModel) -> None:
+    """Fit the tiny base policy to the task corpus (response tokens + EOS only), in place."""
+    task = cfg.task
+    prompts = make_prompts(task, cfg.seed).train
+    rng = np.random.default_rng([cfg.seed, 303])
+    gen = torch.Generator().manual_seed(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=task.sft_lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / task.sft_steps))
+    model.train()
+    cap = cfg.ppo.max_new_tokens
+    for _ in range(task.sft_steps):
+        seqs, starts = [], []
+        for _ in range(task.sft_batch_size):
+            p = prompts[int(rng.integers(len(prompts)))]
+            p_ids = tok.encode(format_prompt(p))
+            r_ids = tok.encode(corpus_response(p, task, rng))[:cap]
+            seqs.append(p_ids + r_ids + ([tok.eos_id] if len(r_ids) < cap else []))
+            starts.append(len(p_ids))
+        ids, mask = _pad_right(seqs, tok.pad_id)
+        labels = ids.clone()
+        labels[mask == 0] = -100
+        for i, s in enumerate(starts):
+            labels[i, :s] = -100
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    del gen
+    model.eval()
+
+
+def _pair_tensors(cfg: TrainConfig, tok: Tokenizer) -> tuple[list[list[int]], list[list[int]]]:
+    pairs = preference_pairs(make_prompts(cfg.task, cfg.seed).train, cfg.task, cfg.seed)
+    cap = cfg.ppo.max_new_tokens
+    chosen, rejected = [], []
+    for p, c, r in pairs:
+        p_ids = tok.encode(format_prompt(p))
+        chosen.append(p_ids + tok.encode(c)[:cap] + [tok.eos_id])
+        rejected.append(p_ids + tok.encode(r)[:cap] + [tok.eos_id])
+    return chosen, rejected
+
+
+def train_proxy_rm_torch(cfg: TrainConfig, tok: Tokenizer, model: PreTrainedModel) -> None:
+    """Bradley-Terry loss -log sigmoid(r_chosen - r_rejected), the loss RewardTrainer minimises."""
+    task = cfg.task
+    chosen, rejected = _pair_tensors(cfg, tok)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=task.rm_lr)
+    model.train()
+    n = len(chosen)
+    for _ in range(task.rm_epochs):
+        order = torch.randperm(n, generator=gen).tolist()
+        for start in range(0, n, task.rm_batch_size):
+            idx = order[start : start + task.rm_batch_size]
+            ids, mask = _pad_right([chosen[i] for i in idx] + [rejected[i] for i in idx], tok.pad_id)
+            r = model(input_ids=ids, attention_mask=mask).logits.squeeze(-1)
+            loss = -F.logsigmoid(r[: len(idx)] - r[len(idx) :]).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+    model.eval()
+
+
+def train_proxy_rm_trl(cfg: TrainConfig, tok: Tokenizer, model: PreTrainedModel) -> None:
+    """TRL's RewardTrainer on pre-tokenised pairs (`chosen_ids` / `rejected_ids`)."""
+    from datasets import Dataset
+    from trl import RewardConfig, RewardTrainer
+
+    task = cfg.task
+    chosen, rejected = _pair_tensors(cfg, tok)
+    data = Dataset.from_dict({"chosen_ids": chosen, "rejected_ids": rejected})
+    with tempfile.TemporaryDirectory() as out:
+        args = RewardConfig(
+            output_dir=out, per_device_train_batch_size=task.rm_batch_size, num_train_epochs=task.rm_epochs,
+            learning_rate=task.rm_lr, lr_scheduler_type="constant", warmup_steps=0, logging_steps=10_000,
+            save_strategy="no", report_to=[], seed=cfg.seed, use_cpu=True, disable_tqdm=True,
+            max_length=None, dataloader_num_workers=0, center_rewards_coefficient=None,
+        )
+        trainer = RewardTrainer(model=model, args=args, train_dataset=data, processing_class=tok.hf)
+        trainer.train()
+    model.eval()
+
+
+def _cached(path: Path, model: torch.nn.Module, build) -> None:
+    if path.is_file():
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        return
+    build()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    torch.save(model.state_dict(), tmp)
+    os.replace(tmp, path)
+
+
+def base_policy(cfg: TrainConfig, tok: Tokenizer) -> PreTrainedModel:
+    """The base policy (= reference): a checkpoint, or the tiny model fitted to the corpus (cached)."""
+    torch.manual_seed(cfg.seed)
+    model = build_causal_lm(cfg.policy, tok, _max_positions(cfg))
+    if cfg.policy.model_name_or_path or cfg.task.sft_steps == 0:
+        return model.eval()
+    key = _hash(cfg.policy, cfg.task.model_dump(include={"n_train_prompts", "n_heldout_prompts", "long_prompt_frac",
+                "short_mean_len", "long_mean_len", "vowel_beta", "sft_steps", "sft_lr", "sft_batch_size"}),
+                cfg.seed, cfg.ppo.max_new_tokens)
+    _cached(Path(cfg.cache_dir) / f"base-{key}.pt", model, lambda: sft_base_policy(cfg, tok, model))
+    return model.eval()
+
+
+def proxy_reward_model(cfg: TrainConfig, tok: Tokenizer) -> PreTrainedModel:
+    """The proxy reward model: a checkpoint (`task.reward_model_path`), or one fitted to noisy gold pairs."""
+    torch.manual_seed(cfg.seed + 1)
+    if cfg.task.reward_model_path:
+        return build_scorer(cfg.reward, tok, _max_positions(cfg), path=cfg.task.reward_model_path).eval()
+    model = build_scorer(cfg.reward, tok, _max_positions(cfg))
+    key = _hash(cfg.reward, cfg.task, cfg.seed, cfg.ppo.max_new_tokens)
+    train = train_proxy_rm_trl if cfg.task.rm_trainer == "trl" else train_proxy_rm_torch
+    _cached(Path(cfg.cache_dir) / f"rm-{key}.pt", model, lambda: train(cfg, tok, model))
+    return model.eval()
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    clone = copy.deepcopy(model).eval()
+    for p in clone.parameters():
+        p.requires_grad_(False)
+    return clone
