@@ -131,7 +131,8 @@ def attribute(evidence: RunEvidence, tenant_error_rate: float = 0.01) -> Attribu
     """Exactly one class for a failed run (or success). Precedence follows causality: the exception
     that ended the run decides first (raised in tenant code: tenant fault; anywhere else: platform fault,
     since the platform owns every other line that ran); then tenant code that failed on too many
-    samples; then paging health alerts (non-convergence); a run that stopped early with none of these
+    samples; then paging run-mechanics alerts (platform) and paging algorithmic alerts
+    (non-convergence); a run that stopped early with none of these
     is a platform fault."""
     errs = evidence.reward_errors
     examples = tuple(f"{e.sample} -> {e.error}" for e in errs.examples) if errs else ()
@@ -168,6 +169,15 @@ def attribute(evidence: RunEvidence, tenant_error_rate: float = 0.01) -> Attribu
             examples,
         )
     pages = [a for a in evidence.alerts if getattr(a, "severity", "paging") == "paging"]
+    mechanics = [a for a in pages if getattr(a, "layer", "algorithmic") == "mechanics"]
+    if mechanics:  # the platform failed to run the job properly (e.g. weight sync stalled)
+        reasons = "; ".join(dict.fromkeys(a.reason for a in mechanics))
+        return Attribution(
+            FailureClass.PLATFORM_FAULT,
+            f"{reasons}; it was not caused by your code or data and counts against the platform's error "
+            "budget; retry the run",
+            tuple(f"{a.alert} at step {a.step:g}: {a.detail}" for a in mechanics),
+        )
     if pages:
         reasons = "; ".join(dict.fromkeys(a.reason for a in pages))
         names = ", ".join(dict.fromkeys(a.alert for a in pages))

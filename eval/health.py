@@ -1,4 +1,5 @@
-"""The run-health alert catalog: seven per-run detectors over windows of training steps.
+"""The run-health alert catalog: the runbook's seven per-run detectors over windows of training steps,
+plus one run-mechanics alert (weight-sync stall) that the frozen-sync canary needs.
 
 Each alert is a `Detector` (eval/detectors.py): a streaming monitor for live runs
 (`start()` / `Monitor.observe`) and a vectorised numpy `scan()` over a fleet of recorded runs that
@@ -48,6 +49,8 @@ class HealthCheckpoint(Checkpoint):
     unparseable_rate: float = NAN
     #: GPU-seconds spent on this step (any positive value means spend accrues; NaN: unknown, assumed)
     gpu_seconds: float = NAN
+    #: mean policy-version lag of the trained tokens (weight-sync health; StepRecord.staleness_mean)
+    staleness: float = NAN
 
     @classmethod
     def from_step_record(cls, rec: Any, progress: float = NAN) -> HealthCheckpoint:
@@ -67,6 +70,7 @@ class HealthCheckpoint(Checkpoint):
             truncation_rate=float(rec.truncation_rate),
             unparseable_rate=float(rec.unparseable_rate),
             gpu_seconds=spent,
+            staleness=float(getattr(rec, "staleness_mean", NAN)),
         )
 
 
@@ -286,6 +290,9 @@ class HealthAlert(Detector):
     reason: ClassVar[str]
     #: the runbook's first-response pointer (for the on-call)
     first_response: ClassVar[str]
+    #: runbook layer: "algorithmic" (the run's learning) or "mechanics" (the platform running it); a
+    #: mechanics page is attributed to the platform, an algorithmic one to non-convergence
+    layer: ClassVar[str] = "algorithmic"
     #: parameters measured in steps (converted to rows by `at_spacing`) and per-step rates
     window_params: ClassVar[tuple[str, ...]] = ("window",)
     rate_params: ClassVar[tuple[str, ...]] = ()
@@ -921,10 +928,62 @@ class _DriftMonitor(_AlertMonitor):
         return False
 
 
+# --------------------------------------------------------------------------- 8. weight-sync stall
+class SyncStall(HealthAlert):
+    """Run mechanics, not algorithmic health (runbook layer 2): the policy-version lag of the tokens being
+    trained stays above `max_lag` for `persist` consecutive steps, i.e. the rollout workers are not
+    receiving new weights. A platform fault, never reported to the customer as an algorithmic alert."""
+
+    name = "sync_stall"
+    needs = ("staleness",)
+    title = "Weight-sync stall"
+    reason = "the platform stopped delivering updated weights to the rollout workers (a platform problem)"
+    first_response = "check the weight-sync path (broadcast / checkpoint reload) and rollout-worker health"
+    layer = "mechanics"
+    window_params = ()
+
+    def __init__(self, max_lag: float = 4.0, persist: int = 5):
+        if max_lag <= 0 or persist < 1:
+            raise ValueError("sync_stall: need max_lag > 0, persist >= 1")
+        self.max_lag, self.persist = float(max_lag), int(persist)
+
+    @property
+    def w(self) -> int:
+        return 1
+
+    def start(self) -> Monitor:
+        return _SyncMonitor(self)
+
+    def _scan(self, s, n_runs, n_steps):
+        return _first_true(_runs_of(s["staleness"] > self.max_lag, self.persist))
+
+
+class _SyncMonitor(_AlertMonitor):
+    __slots__ = ("count",)
+
+    def __init__(self, alert):
+        super().__init__(alert)
+        self.count = 0
+
+    def _observe(self, cp):
+        a: SyncStall = self.alert  # type: ignore[assignment]
+        lag = getattr(cp, "staleness", NAN)
+        self.count = self.count + 1 if lag > a.max_lag else 0
+        if self.count >= a.persist:
+            self.detail = (
+                f"trained tokens lag the trainer by {_fmt(lag)} versions (> {a.max_lag:g}) "
+                f"for {a.persist} steps"
+            )
+            return True
+        return False
+
+
 # --------------------------------------------------------------------------- registry and config
 ALERTS: dict[str, type[HealthAlert]] = {
     cls.name: cls
-    for cls in (RewardBand, KLBlowup, EntropyCollapse, RewardHacking, DeadRun, GradNormSpike, RolloutDrift)
+    for cls in (
+        RewardBand, KLBlowup, EntropyCollapse, RewardHacking, DeadRun, GradNormSpike, RolloutDrift, SyncStall
+    )
 }
 # The alerts are detectors too (`rlhfops detect --detector kl_blowup`); health imports detectors, never
 # the reverse, so registering here creates no import cycle.
@@ -1032,6 +1091,8 @@ class AlertEvent:
     detail: str
     reason: str
     first_response: str
+    #: "algorithmic" or "mechanics" (see HealthAlert.layer)
+    layer: str = "algorithmic"
 
 
 class Catalog:
@@ -1143,7 +1204,7 @@ class CatalogMonitor:
                 ev = AlertEvent(
                     alert=name, severity=self.catalog.severity(name, self.tenant),
                     action=self.catalog.action(name), step=cp.step, index=self.index, detail=mon.detail,
-                    reason=alert.reason, first_response=alert.first_response,
+                    reason=alert.reason, first_response=alert.first_response, layer=alert.layer,
                 )
                 self.fired[name] = ev
                 events.append(ev)
@@ -1222,6 +1283,8 @@ def synthetic_fleet(
     drift = at("rollout_drift")
     length = np.where(drift, length * 2.0, length)
     trunc = np.where(drift, np.clip(trunc + 0.3, 0, 1), trunc)
+    staleness = rng.integers(0, 3, shape).astype(np.float64) * 0.5  # healthy overlap: 0-1 versions
+    staleness = np.where(at("sync_stall"), since, staleness)  # frozen sync: the lag grows every step
 
     gated = (np.arange(n_steps) % gate_every == gate_every - 1)[None, :]
     series = {
@@ -1229,7 +1292,7 @@ def synthetic_fleet(
         "eval_score": np.where(gated, evals, np.nan),
         "reward": reward, "kl": kl, "entropy": entropy, "grad_norm": grad, "response_len": length,
         "truncation_rate": trunc, "unparseable_rate": unparse,
-        "gpu_seconds": np.ones(shape),
+        "gpu_seconds": np.ones(shape), "staleness": staleness,
     }
     return series, np.array(FAULTS)[kinds], onset
 

@@ -29,6 +29,7 @@ def random_fleet(seed: int, n_runs: int = 60, n_steps: int = 260) -> dict[str, n
         "truncation_rate": np.clip(0.05 + walk(0.01), 0, 1),
         "unparseable_rate": np.clip(0.02 + walk(0.01), 0, 1),
         "gpu_seconds": np.where(rng.random((n_runs, 1)) < 0.2, 0.0, 1.0) * np.ones(shape),
+        "staleness": np.abs(walk(0.3)),
     }
     flat_runs = rng.random(n_runs) < 0.15  # exactly flat reward and KL (dead-run material)
     series["reward"][flat_runs] = 0.3

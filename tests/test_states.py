@@ -132,6 +132,13 @@ def test_exception_origin_decides_the_class():
     assert attribute(RunEvidence(completed=False, exception=err)).failure_class is FailureClass.PLATFORM_FAULT
 
 
+def test_mechanics_alert_is_a_platform_fault():
+    stall = AlertEvent("sync_stall", "paging", "degrade", 30, 30, "lag 9", "weights stopped", "fr",
+                       layer="mechanics")
+    att = attribute(RunEvidence(completed=True, alerts=[event("dead_run"), stall]))
+    assert att.failure_class is FailureClass.PLATFORM_FAULT and "weights stopped" in att.reason
+
+
 def test_nonconvergence_and_exactly_one_class_per_terminal_run():
     pages = [event("dead_run", step=120), event("grad_norm_spike", severity="advisory")]
     att = attribute(RunEvidence(completed=True, alerts=pages))
