@@ -46,18 +46,22 @@ class TaskConfig(Strict):
     vowel_beta: tuple[float, float] = (2.0, 7.0)
     gold_peak: float = Field(0.45, gt=0.0, lt=1.0, description="vowel share the gold scorer likes best")
     gold_width: float = Field(0.3, gt=0.0)
+    long_target_len: float = Field(40.0, gt=0.0, description="characters a '?' answer needs for full gold")
+    short_target_len: float = Field(4.0, gt=0.0, description="characters a '.' answer needs for full gold")
     # proxy reward model: trained on gold-labelled pairs with Bradley-Terry label noise
-    n_pairs: int = Field(3000, ge=16)
+    n_pairs: int = Field(2000, ge=16)
+    cut_pair_frac: float = Field(0.3, ge=0.0, le=1.0, description="share of pairs: an answer vs its cut-off start")
     label_temperature: float = Field(0.25, gt=0.0, description="BT noise: P(a>b)=sigmoid((g_a-g_b)/T)")
     rm_epochs: int = Field(2, ge=1)
     rm_lr: float = Field(2e-3, gt=0.0)
     rm_batch_size: int = Field(64, ge=1)
-    #: "trl" uses TRL's RewardTrainer; "torch" a plain Bradley-Terry loop (same loss, no Trainer overhead)
-    rm_trainer: Literal["trl", "torch"] = "trl"
+    #: "torch": a plain length-bucketed Bradley-Terry loop; "trl": TRL's RewardTrainer, the same loss, but
+    #: measured ~6x slower here (440 s vs 68 s for 3000 pairs on 2 cores: Trainer + collator overhead)
+    rm_trainer: Literal["trl", "torch"] = "torch"
     # base-policy warm start (SFT on the synthetic corpus) so the reference model writes text
     sft_steps: int = Field(300, ge=0)
     sft_lr: float = Field(3e-3, gt=0.0)
-    sft_batch_size: int = Field(64, ge=1)
+    sft_batch_size: int = Field(32, ge=1)
     #: local reward-model checkpoint (AutoModelForSequenceClassification, num_labels=1) instead of the proxy
     reward_model_path: str | None = None
 

@@ -141,19 +141,24 @@ def sft_base_policy(cfg: TrainConfig, tok: Tokenizer, model: PreTrainedModel) ->
     task = cfg.task
     prompts = make_prompts(task, cfg.seed).train
     rng = np.random.default_rng([cfg.seed, 303])
-    gen = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=task.sft_lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / task.sft_steps))
     model.train()
     cap = cfg.ppo.max_new_tokens
+    batches: list[list[tuple[list[int], int]]] = []
     for _ in range(task.sft_steps):
-        seqs, starts = [], []
-        for _ in range(task.sft_batch_size):
-            p = prompts[int(rng.integers(len(prompts)))]
-            p_ids = tok.encode(format_prompt(p))
-            r_ids = tok.encode(corpus_response(p, task, rng))[:cap]
-            seqs.append(p_ids + r_ids + ([tok.eos_id] if len(r_ids) < cap else []))
-            starts.append(len(p_ids))
+        if not batches:  # length-bucketed batches: long-tailed lengths would otherwise be mostly padding
+            pool = []
+            for _ in range(8 * task.sft_batch_size):
+                p = prompts[int(rng.integers(len(prompts)))]
+                p_ids = tok.encode(format_prompt(p))
+                r_ids = tok.encode(corpus_response(p, task, rng))[:cap]
+                pool.append((p_ids + r_ids + ([tok.eos_id] if len(r_ids) < cap else []), len(p_ids)))
+            pool.sort(key=lambda x: len(x[0]))
+            batches = [pool[k : k + task.sft_batch_size] for k in range(0, len(pool), task.sft_batch_size)]
+            rng.shuffle(batches)
+        batch = batches.pop()
+        seqs, starts = [b[0] for b in batch], [b[1] for b in batch]
         ids, mask = _pad_right(seqs, tok.pad_id)
         labels = ids.clone()
         labels[mask == 0] = -100
@@ -166,7 +171,6 @@ def sft_base_policy(cfg: TrainConfig, tok: Tokenizer, model: PreTrainedModel) ->
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-    del gen
     model.eval()
 
 
@@ -189,10 +193,12 @@ def train_proxy_rm_torch(cfg: TrainConfig, tok: Tokenizer, model: PreTrainedMode
     opt = torch.optim.AdamW(model.parameters(), lr=task.rm_lr)
     model.train()
     n = len(chosen)
+    # length-bucketed batches (sorted by the longer of the pair), visited in random order
+    by_len = sorted(range(n), key=lambda i: max(len(chosen[i]), len(rejected[i])))
+    buckets = [by_len[k : k + task.rm_batch_size] for k in range(0, n, task.rm_batch_size)]
     for _ in range(task.rm_epochs):
-        order = torch.randperm(n, generator=gen).tolist()
-        for start in range(0, n, task.rm_batch_size):
-            idx = order[start : start + task.rm_batch_size]
+        for b in torch.randperm(len(buckets), generator=gen).tolist():
+            idx = buckets[b]
             ids, mask = _pad_right([chosen[i] for i in idx] + [rejected[i] for i in idx], tok.pad_id)
             r = model(input_ids=ids, attention_mask=mask).logits.squeeze(-1)
             loss = -F.logsigmoid(r[: len(idx)] - r[len(idx) :]).mean()

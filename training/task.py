@@ -1,9 +1,11 @@
 """The synthetic "balanced text" task: prompts, a corpus for the base policy, the gold scorer, preference pairs.
 
 World feedback (the gold scorer, never trained on): a response is lowercase words; the gold score
-rewards a balanced vowel share, peaking at `gold_peak` and falling on either side:
+rewards a balanced vowel share, peaking at `gold_peak` and falling on either side, and an answer long
+enough for the question ('?' prompts want `long_target_len` characters, '.' prompts `short_target_len`):
 
-    gold(y) = max(-1, 1 - ((v(y) - peak) / width)^2),   v = vowels / letters,   unparseable -> -1
+    gold(x, y) = max(-1, 1 - ((v(y) - peak) / width)^2) - max(0, 1 - len(y) / target(x)),
+    v = vowels / letters;  unparseable (empty, or anything but lowercase letters and spaces) -> -2
 
 The base corpus writes text with a vowel share drawn from Beta(2, 7) (mean 0.22), so almost all of it
 sits *below* the peak, where more vowels means better. A proxy reward model trained on pairs of
@@ -92,12 +94,18 @@ def parseable(text: str) -> bool:
     return bool(text.strip()) and all(c in ALLOWED for c in text)
 
 
-def gold_score(text: str, cfg: TaskConfig) -> float:
+def target_length(prompt: str, cfg: TaskConfig) -> float:
+    return cfg.long_target_len if prompt.endswith("?") else cfg.short_target_len
+
+
+def gold_score(prompt: str, text: str, cfg: TaskConfig) -> float:
     """World feedback for one response (never used for training)."""
     if not parseable(text):
-        return -1.0
+        return -2.0
     v = vowel_share(text)
-    return max(-1.0, 1.0 - ((v - cfg.gold_peak) / cfg.gold_width) ** 2)
+    balance = max(-1.0, 1.0 - ((v - cfg.gold_peak) / cfg.gold_width) ** 2)
+    too_short = max(0.0, 1.0 - len(text) / target_length(prompt, cfg))
+    return balance - too_short
 
 
 def preference_pairs(prompts: list[str], cfg: TaskConfig, seed: int) -> list[tuple[str, str, str]]:
@@ -107,7 +115,10 @@ def preference_pairs(prompts: list[str], cfg: TaskConfig, seed: int) -> list[tup
     for _ in range(cfg.n_pairs):
         prompt = prompts[int(rng.integers(len(prompts)))]
         a, b = corpus_response(prompt, cfg, rng), corpus_response(prompt, cfg, rng)
-        ga, gb = gold_score(a, cfg), gold_score(b, cfg)
+        if rng.random() < cfg.cut_pair_frac and len(a) > 2:
+            # an answer against its own cut-off start: teaches "too short" (incomplete-answer negatives)
+            b = a[: int(rng.integers(1, len(a)))].strip() or a[:1]
+        ga, gb = gold_score(prompt, a, cfg), gold_score(prompt, b, cfg)
         p_a = 1.0 / (1.0 + math.exp(-(ga - gb) / cfg.label_temperature))
         chosen, rejected = (a, b) if rng.random() < p_a else (b, a)
         pairs.append((prompt, chosen, rejected))

@@ -212,11 +212,16 @@ class Trainer:
         delta = self.delta_ctl.delta
         self._fill_buffer(self.units_per_step + delta)
         chunk = self.tuner.chunk_for_step(self.step) if self.stream else cfg.ppo.max_new_tokens
-        out = rollout(
-            self.engine, self.scorers, self.buffer, pad_id=self.tok.pad_id, units_needed=self.units_per_step,
-            max_new_tokens=cfg.ppo.max_new_tokens, chunk_size=chunk, stream=self.stream,
-            generator=self.sample_gen, grouped=self.grouped, scorer_threads=1,
-        )
+        if self.stream:  # decode thread and scorer thread get one core each
+            torch.set_num_threads(1)
+        try:
+            out = rollout(
+                self.engine, self.scorers, self.buffer, pad_id=self.tok.pad_id, units_needed=self.units_per_step,
+                max_new_tokens=cfg.ppo.max_new_tokens, chunk_size=chunk, stream=self.stream,
+                generator=self.sample_gen, grouped=self.grouped, scorer_threads=1,
+            )
+        finally:
+            torch.set_num_threads(cfg.oppo.torch_threads)
         phases["rollout"], phases["score"] = out.decode_s, out.score_s
         if self.stream:
             self.tuner.report(chunk, out.decode_s + out.score_s, out.tokens_generated)
@@ -226,6 +231,7 @@ class Trainer:
             samples = sorted(samples, key=lambda s: (s.seq.group, s.seq.uid))
         for s in samples:
             self.deferral_counts[self.step - s.seq.enqueued_step] += 1
+        self.last_response_lengths = [len(s.seq.response_ids) for s in samples]
 
         t = time.perf_counter()
         stats = self._ppo_update(samples)
@@ -321,7 +327,7 @@ class Trainer:
                     if cfg.ent_coef:
                         loss = loss - cfg.ent_coef * P.masked_mean(P.entropy_from_logits(logits), tmask)
                     (loss * w).backward()
-                    sums["loss_policy"] += float(pg_loss) * w
+                    sums["loss_policy"] += float(pg_loss.detach()) * w
                     sums["clip_frac"] += float(st["clip_frac"]) * w
                     sums["approx_kl"] += float(st["approx_kl"]) * w
                     sums["entropy"] += float(ent) * w
@@ -332,7 +338,7 @@ class Trainer:
                         vf = P.value_loss(vpred, values[micro, :t_w], returns[micro, :t_w], tmask,
                                           cfg.cliprange_value)
                         (cfg.vf_coef * vf * w).backward()
-                        sums["loss_value"] += float(vf) * w
+                        sums["loss_value"] += float(vf.detach()) * w
                 gn = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.max_grad_norm)
                 self.actor_opt.step()
                 if self.critic_opt:
@@ -531,7 +537,7 @@ def gold_eval(policy_or_checkpoint, prompts: list[str] | None = None, config: Tr
         prompts = make_prompts(config.task, config.seed).heldout[: config.eval_prompts]
     responses = generate(policy, tok, prompts, config.ppo.max_new_tokens, config.ppo.temperature, seed=seed)
     texts = [tok.decode(r) for r in responses]
-    golds = np.array([gold_score(t, config.task) for t in texts])
+    golds = np.array([gold_score(p, t, config.task) for p, t in zip(prompts, texts, strict=True)])
     se = float(golds.std(ddof=1) / math.sqrt(len(golds))) if len(golds) > 1 else NAN
     return GoldEval(mean=float(golds.mean()), se=se, n=len(golds),
                     response_len_mean=float(np.mean([len(r) for r in responses])),
