@@ -1,0 +1,140 @@
+"""Trainer end to end on a tiny config: every overlap mode, resume-identical metrics, faults, eval gate,
+trace export, CLI bad input."""
+
+import csv
+import math
+
+import pytest
+import yaml
+
+from rlhfops.errors import BadInput
+from training.config import TrainConfig, load_config
+from training.metrics import StepRecord
+from training.trace import TRACE_COLUMNS, export_trace
+from training.trainer import Trainer, gold_eval, latest_checkpoint, train
+
+TIMING = {"wall_s", "phase_rollout_s", "phase_score_s", "phase_sync_s", "phase_optim_s", "phase_eval_s"}
+
+
+def tiny(cache_dir, **over) -> TrainConfig:
+    raw = {
+        "seed": 3, "steps": 4, "cache_dir": str(cache_dir),
+        "policy": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+        "reward": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+        "task": {"n_train_prompts": 24, "n_heldout_prompts": 8, "n_pairs": 32, "rm_epochs": 1, "sft_steps": 8,
+                 "long_mean_len": 10.0},
+        "ppo": {"batch_size": 4, "max_new_tokens": 16, "num_ppo_epochs": 2, "num_mini_batches": 2},
+        "oppo": {"chunk_size": 4, "tune_chunk": False, "delta_init": 2, "delta_window": 1},
+        "checkpoint_every": 2, "eval_every": 2, "eval_prompts": 8,
+    }
+    for k, v in over.items():
+        raw[k] = {**raw.get(k, {}), **v} if isinstance(v, dict) else v
+    return TrainConfig.model_validate(raw)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.mark.parametrize("overlap", ["none", "intra", "inter", "full"])
+def test_every_mode_yields_complete_records(cache, overlap):
+    recs = list(train(tiny(cache), overlap=overlap, steps=3))
+    assert [r.step for r in recs] == [1, 2, 3]
+    for r in recs:
+        assert isinstance(r, StepRecord)
+        assert r.samples_trained == 4 and r.tokens_trained > 0 and r.tokens_generated > 0
+        for f in ("reward_mean", "kl", "entropy", "grad_norm", "clip_frac", "approx_kl", "adv_std", "loss_policy",
+                  "loss_value", "response_len_mean"):
+            assert math.isfinite(getattr(r, f)), f
+        assert r.phase_seconds["rollout"] > 0 and r.phase_seconds["optim"] > 0
+        assert (r.chunk_size > 0) == (overlap in ("intra", "full"))
+    assert math.isfinite(recs[1].gold_eval) and math.isnan(recs[0].gold_eval)  # gate every 2 steps
+    if overlap in ("inter", "full"):
+        assert recs[0].delta == 2 and all(r.deferred >= 0 for r in recs)
+    else:
+        assert all(r.delta == 0 and r.deferred == 0 for r in recs)
+
+
+def _rows(path):
+    with open(path) as f:
+        return [{k: v for k, v in r.items() if k not in TIMING} for r in csv.DictReader(f)]
+
+
+@pytest.mark.parametrize("overlap", ["full", "none"])
+def test_killed_run_resumes_with_identical_metrics(cache, tmp_path, overlap):
+    cfg = tiny(cache)
+    list(train(cfg, overlap=overlap, out_dir=tmp_path / "a", steps=5))
+    # "kill" run b during step 4: its last checkpoint is step 2's... then a fresh process-like Trainer resumes
+    gen = train(cfg, overlap=overlap, out_dir=tmp_path / "b", steps=5)
+    for rec in gen:
+        if rec.step == 3:
+            break
+    gen.close()
+    assert latest_checkpoint(tmp_path / "b").name == "step-000002"
+    resumed = Trainer(cfg, overlap, tmp_path / "b")
+    assert resumed.step == 2
+    list(resumed.run(5))
+    a, b = _rows(tmp_path / "a" / "metrics.csv"), _rows(tmp_path / "b" / "metrics.csv")
+    assert [r["step"] for r in b] == ["1", "2", "3", "4", "5"]
+    assert a == b
+
+
+def test_checkpoint_gold_eval_and_trace(cache, tmp_path):
+    cfg = tiny(cache)
+    recs = list(train(cfg, overlap="full", out_dir=tmp_path, steps=4))
+    ckpt = latest_checkpoint(tmp_path)
+    assert ckpt.name == "step-000004" and (ckpt / "actor" / "config.json").is_file()
+    ev = gold_eval(ckpt, seed=4)
+    assert ev.n == 8 and -2.0 <= ev.mean <= 1.0 and ev.se >= 0
+    live = gold_eval(Trainer(cfg, "full", tmp_path).actor, config=cfg, seed=4)
+    assert live.mean == pytest.approx(ev.mean)  # the checkpoint holds the trained policy
+    assert recs[-1].gold_eval == pytest.approx(gold_eval(ckpt, seed=4).mean)
+    n = export_trace(tmp_path / "metrics.csv", tmp_path / "trace.csv", run_id="r1", label=1)
+    with open(tmp_path / "trace.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert n == 2 and tuple(rows[0]) == TRACE_COLUMNS
+    assert [r["step"] for r in rows] == ["2", "4"] and rows[0]["label"] == "1"
+    summary = (tmp_path / "summary.json").read_text()
+    assert "deferral_histogram" in summary
+
+
+def test_faults_change_what_they_should(cache):
+    base = list(train(tiny(cache), overlap="none", steps=3))
+    const = list(train(tiny(cache, fault={"kind": "constant_reward", "at_step": 0}), overlap="none", steps=3))
+    assert all(r.reward_mean == 0.0 and r.reward_std == 0.0 for r in const)
+    assert any(r.reward_mean != 0.0 for r in base)
+    frozen = list(train(tiny(cache, fault={"kind": "frozen_sync", "at_step": 1}), overlap="none", steps=4))
+    assert frozen[-1].staleness_mean > 0  # tokens now come from the stale policy version 1
+    spike = list(train(tiny(cache, fault={"kind": "lr_spike", "at_step": 0, "factor": 300.0}), overlap="none",
+                       steps=3))
+    assert spike[-1].approx_kl > base[-1].approx_kl
+    game = list(train(tiny(cache, fault={"kind": "gameable_reward", "bonus": 5.0}), overlap="none", steps=2))
+    assert game[0].reward_mean >= base[0].reward_mean
+
+
+def test_grpo_mode_runs_without_critic(cache):
+    recs = list(train(tiny(cache, ppo={"advantage": "grpo", "group_size": 2}), overlap="full", steps=2))
+    assert all(r.samples_trained == 4 and math.isnan(r.loss_value) for r in recs)
+
+
+def test_bad_config_is_one_line_bad_input(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump({"ppo": {"batch_sise": 4}}))
+    with pytest.raises(Exception, match="batch_sise"):
+        load_config(p)
+    with pytest.raises(BadInput, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(BadInput, match="--overlap"):
+        Trainer(tiny(tmp_path), "both")
+
+
+def test_cli_train_bad_overlap_exits_2(tmp_path):
+    import subprocess
+    import sys
+
+    p = tmp_path / "c.yaml"
+    p.write_text("steps: 1\n")
+    res = subprocess.run([sys.executable, "-m", "rlhfops.cli", "train", str(p), "--overlap", "sideways"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--overlap" in res.stderr and len(res.stderr.strip().splitlines()) == 1
