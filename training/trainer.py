@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
+from transformers.utils import logging as hf_logging
 
 from rlhfops.errors import BadInput
 from training import ppo as P
@@ -398,7 +399,8 @@ class Trainer:
                     "python": random.getstate(), "numpy": np.random.get_state()},
         }
         torch.save(state, tmp / "state.pt")
-        self.actor.save_pretrained(tmp / "actor", safe_serialization=True)
+        hf_logging.disable_progress_bar()  # no "Writing model shards" bar over the CLI's progress display
+        self.actor.save_pretrained(tmp / "actor")
         (tmp / "config.yaml").write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
         if path.exists():
             shutil.rmtree(path)
