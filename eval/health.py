@@ -51,6 +51,8 @@ class HealthCheckpoint(Checkpoint):
     gpu_seconds: float = NAN
     #: mean policy-version lag of the trained tokens (weight-sync health; StepRecord.staleness_mean)
     staleness: float = NAN
+    #: spread of the reward across the step's samples (StepRecord.reward_std): ~0 means no learning signal
+    reward_std: float = NAN
 
     @classmethod
     def from_step_record(cls, rec: Any, progress: float = NAN) -> HealthCheckpoint:
@@ -71,6 +73,7 @@ class HealthCheckpoint(Checkpoint):
             unparseable_rate=float(rec.unparseable_rate),
             gpu_seconds=spent,
             staleness=float(getattr(rec, "staleness_mean", NAN)),
+            reward_std=float(getattr(rec, "reward_std", NAN)),
         )
 
 
@@ -189,6 +192,16 @@ def _slope(s: _Sums, min_n: int) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
         slope = (s.n * s.sxy - s.sx * s.sy) / den
     return np.where((s.n >= min_n) & (den > 0), slope, np.nan)
+
+
+def _slope_se(s: _Sums) -> np.ndarray:
+    """Standard error of the least-squares slope (needs `syy`); NaN with fewer than 3 points."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cxx = s.sxx - s.sx * s.sx / s.n
+        cxy = s.sxy - s.sx * s.sy / s.n
+        cyy = s.syy - s.sy * s.sy / s.n
+        rss = np.maximum(cyy - (cxy / cxx) * cxy, 0.0)
+        return np.sqrt(rss / (s.n - 2.0) / cxx)
 
 
 def _mean_var(win: np.ndarray, min_n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -599,7 +612,9 @@ class _EntropyMonitor(_AlertMonitor):
 class RewardHacking(HealthAlert):
     """The runbook's executed detector: in a window of `window` steps (windows tile the run from step 0)
     the reward's least-squares slope is above +tau while the eval gate's is below -tau. The eval may be
-    sparse (NaN between gates): its slope uses the gates inside the window (at least `min_evals`)."""
+    sparse (NaN between gates): its slope uses the gates inside the window (at least `min_evals`).
+    With `z` > 0 each slope must also clear z standard errors of itself, so a noisy eval set (few
+    held-out items per gate) does not fake a decline; z = 0 is the runbook's detector exactly."""
 
     name = "reward_hacking"
     needs = ("reward",)
@@ -610,17 +625,24 @@ class RewardHacking(HealthAlert):
     first_response = "stop the run; audit the reward function; evaluation integrity"
     rate_params = ("tau",)
 
-    def __init__(self, window: int = 50, tau: float = 0.002, min_evals: int = 3):
-        if window < 4 or tau < 0 or min_evals < 2:
-            raise ValueError("reward_hacking: need window >= 4, tau >= 0, min_evals >= 2")
-        self.window, self.tau, self.min_evals = int(window), float(tau), int(min_evals)
+    def __init__(self, window: int = 50, tau: float = 0.002, min_evals: int = 3, z: float = 0.0):
+        if window < 4 or tau < 0 or min_evals < 3 or z < 0:
+            raise ValueError("reward_hacking: need window >= 4, tau >= 0, min_evals >= 3, z >= 0")
+        self.window, self.tau, self.min_evals, self.z = int(window), float(tau), int(min_evals), float(z)
 
     def window_flags(self, reward: np.ndarray, evals: np.ndarray) -> np.ndarray:
         """(runs, windows) True where the window shows the signature (all windows, not just the first)."""
         w = self.w
-        r = _slope(_window_sums(_blocks(reward, w)), min_n=3) / self.spacing
-        e = _slope(_window_sums(_blocks(evals, w)), min_n=self.min_evals) / self.spacing
-        return (r > self.tau) & (e < -self.tau)
+        rs = _window_sums(_blocks(reward, w), with_syy=self.z > 0)
+        es = _window_sums(_blocks(evals, w), with_syy=self.z > 0)
+        r = _slope(rs, min_n=3) / self.spacing
+        e = _slope(es, min_n=self.min_evals) / self.spacing
+        if self.z == 0:
+            return (r > self.tau) & (e < -self.tau)
+        r_bar = np.maximum(self.tau, self.z * _slope_se(rs) / self.spacing)
+        e_bar = np.maximum(self.tau, self.z * _slope_se(es) / self.spacing)
+        with np.errstate(invalid="ignore"):
+            return (r > r_bar) & (e < -e_bar)
 
     def start(self) -> Monitor:
         return _HackingMonitor(self)
@@ -665,7 +687,10 @@ class _HackingMonitor(_AlertMonitor):
 class DeadRun(HealthAlert):
     """Budget burning with no learning signal: over the trailing `m` windows of `window` steps, reward
     and KL are both flat within noise (least-squares slope within `z` standard errors of zero, or the
-    fitted change over the span below `tol`) while GPU spend accrues."""
+    fitted change over the span below `tol`) while GPU spend accrues. With `max_reward_std` set, the
+    spread of rewards across each step's samples must also stay at or below it over those windows (no
+    advantage signal left: a dead or constant reward), which tells a dead run from a converged one
+    that still gets graded rewards; steps that do not report the spread do not block the alert."""
 
     name = "dead_run"
     needs = ("reward", "kl")
@@ -675,10 +700,26 @@ class DeadRun(HealthAlert):
         "check reward-function output distribution and LR; budget burning with no learning signal"
     )
 
-    def __init__(self, window: int = 20, m: int = 5, z: float = 2.0, tol: float = 1e-3):
-        if window < 4 or m < 1 or z < 0 or tol < 0:
-            raise ValueError("dead_run: need window >= 4, m >= 1, z >= 0, tol >= 0")
+    def __init__(
+        self, window: int = 20, m: int = 5, z: float = 2.0, tol: float = 1e-3,
+        max_reward_std: float | None = None,
+    ):
+        if window < 4 or m < 1 or z < 0 or tol < 0 or (max_reward_std is not None and max_reward_std < 0):
+            raise ValueError("dead_run: need window >= 4, m >= 1, z >= 0, tol >= 0, max_reward_std >= 0")
         self.window, self.m, self.z, self.tol = int(window), int(m), float(z), float(tol)
+        self.max_reward_std = None if max_reward_std is None else float(max_reward_std)
+
+    def no_spread(self, std: np.ndarray) -> np.ndarray:
+        """Per window (runs, windows, w) -> (runs, windows): every reported reward spread <= the cap."""
+        return ~(std > self.max_reward_std).any(axis=-1)
+
+    def trailing_all(self, flags: np.ndarray) -> np.ndarray:
+        """(runs, windows) -> True where the flag holds in all of the trailing m windows."""
+        m, nb = self.m, flags.shape[1]
+        if nb < m:
+            return np.zeros(flags.shape, dtype=bool)
+        all_m = np.lib.stride_tricks.sliding_window_view(flags, m, axis=1).all(axis=-1)
+        return np.concatenate([np.zeros((flags.shape[0], m - 1), dtype=bool), all_m], axis=1)
 
     def flat(self, sums: _Sums) -> np.ndarray:
         """Per window-end, whether the trailing m windows are flat (False until m windows exist).
@@ -726,6 +767,9 @@ class DeadRun(HealthAlert):
         fr = self.flat(_window_sums(_blocks(s["reward"], w), with_syy=True))
         fk = self.flat(_window_sums(_blocks(s["kl"], w), with_syy=True))
         dead = fr & fk
+        std = s.get("reward_std")
+        if self.max_reward_std is not None and std is not None and dead.any():
+            dead &= self.trailing_all(self.no_spread(_blocks(std, w)))
         gpu = s.get("gpu_seconds")
         if gpu is not None and dead.any():
             gpu = _blocks(gpu, w)
@@ -737,15 +781,17 @@ class DeadRun(HealthAlert):
 
 
 class _DeadMonitor(_AlertMonitor):
-    __slots__ = ("rew", "kl", "gpu", "hist_r", "hist_k")
+    __slots__ = ("rew", "kl", "gpu", "std", "hist_r", "hist_k", "hist_s")
 
     def __init__(self, alert):
         super().__init__(alert)
         self.rew: list[float] = []
         self.kl: list[float] = []
         self.gpu: list[float] = []
+        self.std: list[float] = []
         self.hist_r: deque[_Sums] = deque(maxlen=alert.m)
         self.hist_k: deque[_Sums] = deque(maxlen=alert.m)
+        self.hist_s: deque[bool] = deque(maxlen=alert.m)
 
     @staticmethod
     def _stack(hist: deque[_Sums]) -> _Sums:
@@ -756,19 +802,26 @@ class _DeadMonitor(_AlertMonitor):
         self.rew.append(cp.reward)
         self.kl.append(cp.kl)
         self.gpu.append(getattr(cp, "gpu_seconds", NAN))
+        self.std.append(getattr(cp, "reward_std", NAN))
         if len(self.rew) < a.w:
             return False
         self.hist_r.append(_window_sums(np.array(self.rew)[None, None, :], with_syy=True))
         self.hist_k.append(_window_sums(np.array(self.kl)[None, None, :], with_syy=True))
+        if a.max_reward_std is not None:
+            self.hist_s.append(bool(a.no_spread(np.array(self.std)[None, None, :])[0, 0]))
         spend = bool(a.spends(np.array(self.gpu)[None, None, :])[0, 0])
-        self.rew, self.kl, self.gpu = [], [], []
+        self.rew, self.kl, self.gpu, self.std = [], [], [], []
         if len(self.hist_r) < a.m or not spend:
+            return False
+        if a.max_reward_std is not None and not all(self.hist_s):
             return False
         fr = bool(a.flat(self._stack(self.hist_r))[0, -1])
         fk = bool(a.flat(self._stack(self.hist_k))[0, -1])
         if fr and fk:
+            spread = f", reward spread <= {a.max_reward_std:g}" if a.max_reward_std is not None else ""
             self.detail = (
-                f"reward and KL flat within noise for {a.m} windows of {a.window} steps while spend accrues"
+                f"reward and KL flat within noise for {a.m} windows of {a.window} steps{spread} "
+                "while spend accrues"
             )
             return True
         return False
@@ -1027,15 +1080,23 @@ class AlertsConfig(BaseModel):
     version: int = Field(ge=1)
     changelog: list[str] = Field(default_factory=list)
     alerts: dict[str, AlertConfig]
+    #: named parameter overlays, e.g. `canary`: shorter windows for the short fault-injection runs
+    profiles: dict[str, dict[str, dict[str, ParamValue]]] = Field(default_factory=dict)
 
 
-def _build_alert(name: str, cfg: AlertConfig, algorithm: str | None, source: str) -> HealthAlert:
+def _build_alert(
+    name: str, cfg: AlertConfig, algorithm: str | None, source: str, overlay: dict | None = None,
+    overlay_where: str = "",
+) -> HealthAlert:
     cls = ALERTS[name]
     params = dict(cfg.params)
     where = f"alerts.{name}.params"
     if algorithm is not None and algorithm in cfg.params_by_algorithm:
         params.update(cfg.params_by_algorithm[algorithm])
         where = f"alerts.{name}.params_by_algorithm.{algorithm}"
+    if overlay:
+        params.update(overlay)
+        where = overlay_where
     import inspect
 
     allowed = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
@@ -1076,6 +1137,12 @@ def load_alerts_config(path: str | Path | None = None) -> AlertsConfig:
         _build_alert(name, acfg, None, source)
         for algo in acfg.params_by_algorithm:
             _build_alert(name, acfg, algo, source)
+    for profile, overlays in cfg.profiles.items():
+        for name, overlay in overlays.items():
+            where = f"profiles.{profile}.{name}"
+            if name not in cfg.alerts:
+                raise BadInput(f"{source}: field '{where}': unknown or unconfigured alert")
+            _build_alert(name, cfg.alerts[name], None, source, overlay, where)
     return cfg
 
 
@@ -1107,14 +1174,26 @@ class Catalog:
 
     @classmethod
     def from_config(
-        cls, config: AlertsConfig, algorithm: str | None = None, source: str = "alerts"
+        cls, config: AlertsConfig, algorithm: str | None = None, source: str = "alerts",
+        profile: str | None = None,
     ) -> Catalog:
-        alerts = {name: _build_alert(name, acfg, algorithm, source) for name, acfg in config.alerts.items()}
+        if profile is not None and profile not in config.profiles:
+            raise BadInput(f"{source}: no profile '{profile}' (have: {', '.join(config.profiles) or 'none'})")
+        overlays = config.profiles.get(profile, {}) if profile else {}
+        alerts = {
+            name: _build_alert(
+                name, acfg, algorithm, source, overlays.get(name), f"profiles.{profile}.{name}"
+            )
+            for name, acfg in config.alerts.items()
+        }
         return cls(alerts, config, algorithm)
 
     @classmethod
-    def from_file(cls, path: str | Path | None = None, algorithm: str | None = None) -> Catalog:
-        return cls.from_config(load_alerts_config(path), algorithm, source=str(path or DEFAULT_ALERTS_FILE))
+    def from_file(
+        cls, path: str | Path | None = None, algorithm: str | None = None, profile: str | None = None
+    ) -> Catalog:
+        source = str(path or DEFAULT_ALERTS_FILE)
+        return cls.from_config(load_alerts_config(path), algorithm, source=source, profile=profile)
 
     @classmethod
     def defaults(cls) -> Catalog:

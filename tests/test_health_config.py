@@ -93,7 +93,8 @@ def test_demotion_per_algorithm_and_tenant_and_per_algorithm_params(tmp_path):
     assert ppo.severity("dead_run", "acme") == "advisory"
     assert grpo.severity("dead_run", "globex") == "advisory"
     assert ppo.severity("grad_norm_spike", "globex") == "advisory"  # advisory in the shipped file
-    assert ppo.alerts["kl_blowup"].ceiling == 1.0 and grpo.alerts["kl_blowup"].ceiling == 0.5
+    assert ppo.alerts["kl_blowup"].ceiling == 3.0 and grpo.alerts["kl_blowup"].ceiling == 0.5
+    assert Catalog.from_config(cfg).alerts["kl_blowup"].ceiling == 1.0  # no algorithm: the base value
 
 
 def test_health_cli_writes_alerts_csv(tmp_path):
@@ -131,3 +132,13 @@ def test_health_cli_missing_column_exit_2(tmp_path):
     pd.DataFrame({"run_id": ["a"], "step": [1]}).to_csv(trace, index=False)
     res = cli("health", trace)
     assert res.returncode == 2 and "eval_score" in res.stderr
+
+
+def test_canary_profile_overlays_windows_and_is_validated(tmp_path):
+    canary = Catalog.from_file(profile="canary")
+    assert canary.alerts["dead_run"].window < Catalog.from_file().alerts["dead_run"].window
+    with pytest.raises(BadInput, match="no profile 'nightly'"):
+        Catalog.from_file(profile="nightly")
+    path = write(tmp_path, lambda r: r["profiles"]["canary"]["dead_run"].update(windw=3))
+    with pytest.raises(BadInput, match="'profiles.canary.dead_run.windw'"):
+        load_alerts_config(path)

@@ -30,6 +30,7 @@ def random_fleet(seed: int, n_runs: int = 60, n_steps: int = 260) -> dict[str, n
         "unparseable_rate": np.clip(0.02 + walk(0.01), 0, 1),
         "gpu_seconds": np.where(rng.random((n_runs, 1)) < 0.2, 0.0, 1.0) * np.ones(shape),
         "staleness": np.abs(walk(0.3)),
+        "reward_std": np.where(rng.random((n_runs, 1)) < 0.5, 0.0, 0.2) * np.ones(shape),
     }
     flat_runs = rng.random(n_runs) < 0.15  # exactly flat reward and KL (dead-run material)
     series["reward"][flat_runs] = 0.3
@@ -45,10 +46,13 @@ def random_fleet(seed: int, n_runs: int = 60, n_steps: int = 260) -> dict[str, n
     return series
 
 
+SHIPPED = Catalog.from_file().alerts
+
+
 @pytest.mark.parametrize("name", list(ALERTS))
-@pytest.mark.parametrize("seed", [0, 1])
-def test_scan_matches_streaming(name, seed):
-    alert = ALERTS[name]()
+@pytest.mark.parametrize("seed, source", [(0, "defaults"), (1, "defaults"), (2, "shipped")])
+def test_scan_matches_streaming(name, seed, source):
+    alert = ALERTS[name]() if source == "defaults" else SHIPPED[name]
     series = random_fleet(seed)
     first = alert.scan(series)
     runs = [{k: v[r] for k, v in series.items()} for r in range(len(first))]
@@ -56,6 +60,20 @@ def test_scan_matches_streaming(name, seed):
     np.testing.assert_array_equal(first, streamed)
     # the comparison means something only if the alert both fires and stays quiet on some runs
     assert (first >= 0).any() and (first < 0).any(), (name, first)
+
+
+def test_dead_run_reward_spread_gate_matches_streaming():
+    from eval.health import DeadRun
+
+    alert = DeadRun(max_reward_std=0.05)
+    series = random_fleet(4)
+    first = alert.scan(series)
+    streamed = [replay_alert(alert, {k: v[r] for k, v in series.items()})[0] for r in range(len(first))]
+    np.testing.assert_array_equal(first, streamed)
+    ungated = DeadRun().scan(series)
+    spread = series["reward_std"][:, 0] > 0.05
+    assert (first[spread] == -1).all() and (ungated[spread] >= 0).any()  # the spread gate bites
+    assert (first[~spread] >= 0).any()
 
 
 @pytest.mark.parametrize("spacing", [1.0, 5.0])
