@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
             "(default: <TRACE>.alerts.csv beside the trace)"
         ),
         only: str = typer.Option(
-            None, "--only", help="comma-separated alert names to run (default: all seven)"
+            None, "--only", help="comma-separated alert names to run (default: every configured alert)"
         ),
         algorithm: str = typer.Option(
             None, "--algorithm", help="algorithm of the runs (ppo, grpo, ...): selects per-algorithm "
