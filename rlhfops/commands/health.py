@@ -11,7 +11,7 @@ from rlhfops.errors import BadInput
 
 #: optional per-step columns the catalog reads beyond DESIGN.md's trace columns (the trainer's StepRecord
 #: carries them; older traces simply lack them)
-EXTRA_COLUMNS = ("truncation_rate", "unparseable_rate", "gpu_seconds")
+EXTRA_COLUMNS = ("truncation_rate", "unparseable_rate", "gpu_seconds", "staleness", "reward_std")
 ALERT_COLUMNS = ["run_id", "alert", "severity", "fired_step", "detail"]
 
 
@@ -47,7 +47,8 @@ def register(app: typer.Typer) -> None:
     def health_cmd(
         trace: Path = typer.Argument(
             ..., help="trace CSV: run_id, step, eval_score [, reward, kl, entropy, grad_norm, response_len, "
-            "truncation_rate, unparseable_rate, gpu_seconds, tenant, label]; rows in any order"
+            "truncation_rate, unparseable_rate, gpu_seconds, staleness, reward_std, tenant, label]; "
+            "rows in any order"
         ),
         alerts: Path = typer.Option(
             None, "--alerts", help="thresholds YAML (default: configs/alerts.yaml in the repository)"
