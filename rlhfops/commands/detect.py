@@ -41,6 +41,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(None, "--out", help="verdicts CSV (default: <TRACE>.verdicts.csv beside the trace)"),
     ) -> None:
         """Replay every run of a trace through a detector; write verdicts; print precision/recall/FPR if labelled."""
+        import eval.health  # noqa: F401 - registers the run-health alerts as detectors too
         from eval.detectors import DEFAULT_DETECTOR, make_detector
         from eval.traces import check_columns, detection_quality, load_trace, runs_from_trace, verdicts
 
