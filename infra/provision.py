@@ -1,0 +1,190 @@
+"""Worker provisioning: task runners (threads or Ray), the local compute pool, GPU worker slots, work pools.
+
+- Task runners: flows fan out on Prefect's `ThreadPoolTaskRunner` (bounded: unbounded is the default and
+  would start a thread per task); with `--runner ray` on `prefect_ray.RayTaskRunner` (the `ray` extra).
+- Compute pool: simulation units are CPU-bound pure Python. Threads orchestrate; the CPU work of a
+  thread-runner task goes to one process pool per flow process (`spawn`, so no thread state is forked),
+  sized to the cores. Under Ray the work runs inline in the Ray worker.
+- GPU worker slots: a Prefect global concurrency limit (`gpu-slots`) sized to the cluster; a job holds
+  `occupy=n_gpus` slots while it trains (`strict=True`: a missing limit is an error, not a silent no-op).
+  If the limit cannot be created on the server in use, an explicit in-process slot pool (a counting
+  semaphore with the same size) takes its place and `SlotPool.backend` says so.
+- Work pools: `local-process` (type process) for local deployments; a Kubernetes work pool whose base
+  job template (`infra/k8s/gpu-base-job-template.json`) requests `nvidia.com/gpu`.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rlhfops.errors import BadInput
+
+RUNNERS = ("thread", "ray")
+GPU_LIMIT = "gpu-slots"
+LOCAL_POOL = "local-process"
+K8S_POOL = "k8s-gpu"
+K8S_TEMPLATE = Path(__file__).resolve().parent / "k8s" / "gpu-base-job-template.json"
+
+
+def check_runner(runner: str) -> str:
+    """Validate `--runner` before any work starts; `ray` needs the optional extra."""
+    if runner not in RUNNERS:
+        raise BadInput(f"--runner: '{runner}' is not one of {', '.join(RUNNERS)}")
+    if runner == "ray":
+        try:
+            import prefect_ray  # noqa: F401
+        except ImportError:
+            raise BadInput("--runner ray: prefect-ray is not installed; run `pip install '.[ray]'` "
+                           "(or use --runner thread)") from None
+    return runner
+
+
+def task_runner(runner: str = "thread", max_workers: int | None = None):
+    """The Prefect task runner for a flow's fan-out."""
+    check_runner(runner)
+    if runner == "ray":
+        from prefect_ray import RayTaskRunner
+
+        address = os.environ.get("RAY_ADDRESS")  # a running cluster, else a local one is started
+        return RayTaskRunner(address=address) if address else RayTaskRunner()
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    return ThreadPoolTaskRunner(max_workers=max_workers or max(4, 2 * (os.cpu_count() or 1)))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the local compute pool
+
+
+_pool_lock = threading.Lock()
+_pool: ProcessPoolExecutor | None = None
+_pool_users = 0
+
+
+@contextmanager
+def compute_pool(workers: int | None = None) -> Iterator[None]:
+    """Open the process pool that thread-runner tasks send CPU work to (nested opens share one pool).
+    `workers=1` keeps everything in-process (no pool)."""
+    global _pool, _pool_users
+    workers = workers or os.cpu_count() or 1
+    with _pool_lock:
+        if _pool is None and workers > 1:
+            _pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
+        _pool_users += 1
+    try:
+        yield
+    finally:
+        with _pool_lock:
+            _pool_users -= 1
+            if _pool_users == 0 and _pool is not None:
+                _pool.shutdown(wait=True, cancel_futures=True)
+                _pool = None
+
+
+def compute(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run CPU-bound `fn(*args)` in the compute pool when one is open, else inline (Ray workers, tests)."""
+    pool = _pool
+    if pool is None:
+        return fn(*args)
+    return pool.submit(fn, *args).result()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GPU worker slots
+
+
+class SlotPool:
+    """GPU worker slots. `backend` is "prefect" (a global concurrency limit on the Prefect server, shared by
+    every process that talks to it) or "local" (a counting semaphore in this process: the fallback when the
+    limit cannot be created)."""
+
+    def __init__(self, size: int, name: str = GPU_LIMIT, backend: str | None = None):
+        if size < 1:
+            raise BadInput(f"slots: the pool needs at least one slot (got {size})")
+        self.size, self.name = size, name
+        self.reason = ""
+        self.backend = backend or self._provision()
+        self._cond = threading.Condition()
+        self._free = size
+        self.waits: list[float] = []
+
+    def _provision(self) -> str:
+        try:
+            from prefect.client.orchestration import get_client
+
+            with get_client(sync_client=True) as c:
+                c.upsert_global_concurrency_limit_by_name(self.name, self.size)
+            return "prefect"
+        except Exception as err:  # noqa: BLE001 - any server that cannot hold the limit means the fallback
+            self.reason = f"{type(err).__name__}: {err}"
+            return "local"
+
+    @contextmanager
+    def take(self, n: int = 1, timeout_s: float | None = None) -> Iterator[float]:
+        """Hold `n` slots for the duration of the block; yields the seconds spent waiting for them."""
+        if n > self.size:
+            raise BadInput(f"slots: a job asks for {n} GPU slots but the pool has {self.size}")
+        t0 = time.perf_counter()
+        if self.backend == "prefect":
+            from prefect.concurrency.sync import concurrency
+
+            with concurrency(self.name, occupy=n, timeout_seconds=timeout_s, strict=True):
+                wait = time.perf_counter() - t0
+                self.waits.append(wait)
+                yield wait
+            return
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._free >= n, timeout=timeout_s):
+                raise TimeoutError(f"no {n} free GPU slots within {timeout_s}s")
+            self._free -= n
+        wait = time.perf_counter() - t0
+        self.waits.append(wait)
+        try:
+            yield wait
+        finally:
+            with self._cond:
+                self._free += n
+                self._cond.notify_all()
+
+    def describe(self) -> str:
+        if self.backend == "prefect":
+            return f"{self.size} GPU slots (Prefect global concurrency limit '{self.name}')"
+        return f"{self.size} GPU slots (local slot pool: the Prefect limit could not be created: {self.reason})"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# work pools
+
+
+def k8s_base_job_template(path: Path = K8S_TEMPLATE) -> dict:
+    return json.loads(path.read_text())
+
+
+def ensure_work_pools(k8s: bool = False) -> list[str]:
+    """Create the local process pool (and, with `k8s`, the Kubernetes GPU pool from the template) on the
+    Prefect server in use. Idempotent. Returns the pool names that exist afterwards."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+
+    wanted = [WorkPoolCreate(name=LOCAL_POOL, type="process")]
+    if k8s:
+        wanted.append(WorkPoolCreate(name=K8S_POOL, type="kubernetes", base_job_template=k8s_base_job_template()))
+    made = []
+    with get_client(sync_client=True) as c:
+        for pool in wanted:
+            try:
+                c.create_work_pool(pool)
+            except ObjectAlreadyExists:
+                pass
+            made.append(pool.name)
+    return made

@@ -1,0 +1,354 @@
+"""MLflow helpers: one store per working directory, idempotent runs, batched metrics, the comparison report.
+
+Why this module exists instead of bare `mlflow.*` calls:
+- The store must be an absolute SQLite URI (a relative one, or a stray `./mlruns/` file store, makes
+  MLflow switch stores silently), and a fresh database must be created once, before tasks fan out
+  (concurrent first opens race on migrations).
+- Flow tasks run in threads (or Ray workers) where `mlflow.active_run()` is None, and Prefect may run a
+  task more than once (retries). So every run is created through `MlflowClient` with an explicit
+  parent and a `rlhfops.key` tag that names the unit of work: a retried task finds the run its earlier
+  attempt made instead of adding a duplicate. A FINISHED run is returned as is; an unfinished one (the
+  attempt died mid-logging) is deleted and made again, so MLflow ends with exactly one run per key.
+- Per-step metrics go through `log_batch` (1,000 per call): one `log_metric` call costs ~3.5 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+KEY_TAG = "rlhfops.key"
+KIND_TAG = "rlhfops.kind"
+PARENT_TAG = "mlflow.parentRunId"
+FLOW_RUN_TAG = "prefect.flow_run_id"
+DEPLOYMENT_TAG = "prefect.deployment"
+TENANT_TAG = "tenant"
+NAMES_TAG = "rlhfops.names"  # JSON {metric-safe key: original name}, for the report
+
+DEFAULT_EXPERIMENT = "rlhfops"
+_BATCH = 1000
+_lock = threading.RLock()
+_ready: set[str] = set()
+
+
+def tracking_uri(base_dir: str | Path | None = None) -> str:
+    """The store's URI: `MLFLOW_TRACKING_URI` if set (a relative `sqlite:///x.db` is made absolute), else
+    `sqlite:///<base_dir or cwd>/mlflow.db`. Sets the environment variable so every thread and child
+    process (process pools, Prefect workers) uses the same store."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    if not uri:
+        uri = f"sqlite:///{(Path(base_dir or Path.cwd()) / 'mlflow.db').resolve()}"
+    elif uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = f"sqlite:///{Path(uri[len('sqlite:///'):]).resolve()}"
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    return uri
+
+
+def artifact_root(uri: str) -> str | None:
+    """Artifacts live beside a SQLite store (`<dir>/mlruns/`), never in whatever directory a worker runs in."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).parent / "mlruns").resolve().as_uri()
+    return None
+
+
+def init_store(base_dir: str | Path | None = None) -> str:
+    """Create or upgrade the store once per process, before any fan-out. Returns the URI."""
+    import mlflow
+
+    uri = tracking_uri(base_dir)
+    with _lock:
+        if uri not in _ready:
+            if uri.startswith("sqlite:///"):
+                Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+            mlflow.set_tracking_uri(uri)
+            mlflow.MlflowClient(uri).search_experiments(max_results=1)  # runs the migrations
+            _ready.add(uri)
+    return uri
+
+
+def client():
+    import mlflow
+
+    return mlflow.MlflowClient(init_store())
+
+
+def experiment_id(name: str = DEFAULT_EXPERIMENT) -> str:
+    c = client()
+    with _lock:
+        exp = c.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        root = artifact_root(init_store())
+        try:
+            return c.create_experiment(name, artifact_location=f"{root}/{name}" if root else None)
+        except Exception:  # another process created it between the two calls
+            exp = c.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+def safe_key(name: str) -> str:
+    """A metric/param-safe version of a name such as `EvalStop(k=3)+SJF` (MLflow allows only alphanumerics,
+    `_ - . /` and spaces; every other character becomes `_`). Runs keep the originals in `rlhfops.names`."""
+    return _UNSAFE.sub("_", name)
+
+
+def _finite(x: Any) -> bool:
+    try:
+        return math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def find_run(experiment: str, key: str, include_deleted: bool = False):
+    """The run tagged `rlhfops.key = key` in `experiment`, or None."""
+    from mlflow.entities import ViewType
+
+    c = client()
+    safe = key.replace("'", "\\'")
+    runs = c.search_runs([experiment_id(experiment)], filter_string=f"tags.`{KEY_TAG}` = '{safe}'",
+                         run_view_type=ViewType.ALL if include_deleted else ViewType.ACTIVE_ONLY, max_results=10)
+    return runs[0] if runs else None
+
+
+def open_run(key: str, name: str, experiment: str = DEFAULT_EXPERIMENT, parent_run_id: str | None = None,
+             tags: Mapping[str, Any] | None = None, reuse_unfinished: bool = False) -> tuple[str, bool]:
+    """Create the run for a unit of work, or find it. Returns (run_id, already_finished).
+
+    Idempotent under retries: a FINISHED run with the same key is reused (the caller skips its logging);
+    a RUNNING/FAILED/KILLED one is what a dead attempt left and is deleted before a fresh one is made.
+    `reuse_unfinished=True` (parent runs: a retried flow run keeps its run and the children under it)
+    reopens an unfinished run instead."""
+    c = client()
+    old = find_run(experiment, key)
+    if old is not None:
+        if old.info.status == "FINISHED":
+            return old.info.run_id, True
+        if reuse_unfinished:
+            c.update_run(old.info.run_id, status="RUNNING")
+            return old.info.run_id, False
+        c.delete_run(old.info.run_id)
+    all_tags = {KEY_TAG: key, "mlflow.runName": name}
+    if parent_run_id:
+        all_tags[PARENT_TAG] = parent_run_id
+    all_tags.update({k: str(v) for k, v in (tags or {}).items() if v is not None})
+    run = c.create_run(experiment_id(experiment), tags=all_tags, run_name=name)
+    return run.info.run_id, False
+
+
+def log_params(run_id: str, params: Mapping[str, Any]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(safe_key(k), str(v)[:6000]) for k, v in params.items() if v is not None]
+    for i in range(0, len(items), 100):  # MLflow caps params per batch at 100
+        client().log_batch(run_id, params=items[i:i + 100])
+
+
+def log_metrics(run_id: str, metrics: Mapping[str, Any], step: int = 0) -> int:
+    """Log a dict of scalars (non-finite values are skipped: MLflow stores NaN, but comparisons then lie)."""
+    return log_metric_rows(run_id, [(k, v, step) for k, v in metrics.items()])
+
+
+def log_metric_rows(run_id: str, rows: Iterable[tuple[str, Any, int]]) -> int:
+    """Log (key, value, step) triples in batches of 1,000. Returns how many were logged."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    metrics = [Metric(safe_key(k), float(v), now, int(step)) for k, v, step in rows if _finite(v)]
+    for i in range(0, len(metrics), _BATCH):
+        client().log_batch(run_id, metrics=metrics[i:i + _BATCH])
+    return len(metrics)
+
+
+def log_step_records(run_id: str, records: Iterable[Mapping[str, Any]], prefix: str = "") -> int:
+    """Per-step training metrics (`StepRecord.flat()` dicts, each with a `step`) in batches."""
+    rows = []
+    for rec in records:
+        step = int(rec["step"])
+        rows += [(f"{prefix}{k}", v, step) for k, v in rec.items() if k != "step"]
+    return log_metric_rows(run_id, rows)
+
+
+def set_tags(run_id: str, tags: Mapping[str, Any]) -> None:
+    from mlflow.entities import RunTag
+
+    client().log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items() if v is not None])
+
+
+def log_artifacts(run_id: str, paths: Iterable[str | Path], artifact_path: str | None = None) -> None:
+    c = client()
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            c.log_artifacts(run_id, str(p), artifact_path=artifact_path)
+        elif p.is_file():
+            c.log_artifact(run_id, str(p), artifact_path=artifact_path)
+
+
+def log_text(run_id: str, text: str, artifact_file: str) -> None:
+    client().log_text(run_id, text, artifact_file)
+
+
+def finish(run_id: str, status: str = "FINISHED") -> None:
+    client().set_terminated(run_id, status=status)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the analyst's report: tonight vs last night, per scheduler, per tenant
+
+
+def _runs(filter_string: str, experiment: str = DEFAULT_EXPERIMENT) -> pd.DataFrame:
+    import mlflow
+
+    init_store()
+    if client().get_experiment_by_name(experiment) is None:
+        return pd.DataFrame()
+    return mlflow.search_runs(experiment_names=[experiment], filter_string=filter_string,
+                              order_by=["attributes.start_time DESC"], max_results=50000)
+
+
+def nightly_runs(experiment: str = DEFAULT_EXPERIMENT) -> pd.DataFrame:
+    """Finished nightly parent runs, newest first."""
+    runs = _runs(f"tags.`{KIND_TAG}` = 'nightly' and attributes.status = 'FINISHED'", experiment)
+    return runs
+
+
+def _descendants(root_id: str, all_runs: pd.DataFrame) -> pd.DataFrame:
+    """Every run below `root_id` (children, grandchildren, ...) by the parent tag."""
+    col = f"tags.{PARENT_TAG}"
+    if all_runs.empty or col not in all_runs:
+        return all_runs.iloc[0:0]
+    keep, frontier = set(), {root_id}
+    while frontier:
+        kids = set(all_runs.loc[all_runs[col].isin(frontier), "run_id"]) - keep
+        keep |= kids
+        frontier = kids
+    return all_runs[all_runs["run_id"].isin(keep)]
+
+
+SCHEDULER_METRICS = ["jct_mean", "ttfuc_mean", "wasted_frac", "saved_frac", "precision", "recall", "fpr", "jain"]
+
+
+def scheduler_table(root_id: str, all_runs: pd.DataFrame) -> pd.DataFrame:
+    """Long table (experiment, variant, scheduler, metric, value) from a nightly's simulation variant runs."""
+    runs = _descendants(root_id, all_runs)
+    runs = runs[runs.get(f"tags.{KIND_TAG}", pd.Series(dtype=str)) == "sim_variant"]
+    rows = []
+    for _, r in runs.iterrows():
+        names = json.loads(r.get(f"tags.{NAMES_TAG}") or "{}")
+        for col, value in r.items():
+            if not col.startswith("metrics.") or "/" not in col or pd.isna(value):
+                continue
+            metric, key = col[len("metrics."):].split("/", 1)
+            if metric in SCHEDULER_METRICS:
+                rows.append({"experiment": r.get("params.experiment"), "variant": r.get("params.variant"),
+                             "scheduler": names.get(key, key), "metric": metric, "value": float(value)})
+    return pd.DataFrame(rows, columns=["experiment", "variant", "scheduler", "metric", "value"])
+
+
+TENANT_METRICS = ["cost_usd", "gpu_hours", "steps", "tokens_generated", "best_eval"]
+
+
+def tenant_table(root_id: str, all_runs: pd.DataFrame) -> pd.DataFrame:
+    """Per-tenant sums of the cost metrics of a nightly's job runs (RLHF jobs, platform jobs)."""
+    runs = _descendants(root_id, all_runs)
+    if runs.empty or f"tags.{TENANT_TAG}" not in runs:
+        return pd.DataFrame(columns=["tenant", "metric", "value"])
+    runs = runs[runs.get(f"tags.{KIND_TAG}", pd.Series(dtype=str)).isin(["rlhf_job", "platform_job"])]
+    rows = []
+    for tenant, g in runs.groupby(f"tags.{TENANT_TAG}"):
+        rows.append({"tenant": tenant, "metric": "jobs", "value": float(len(g))})
+        for m in TENANT_METRICS:
+            col = f"metrics.{m}"
+            if col in g and g[col].notna().any():
+                agg = g[col].max() if m == "best_eval" else g[col].sum()
+                rows.append({"tenant": tenant, "metric": m, "value": float(agg)})
+    return pd.DataFrame(rows, columns=["tenant", "metric", "value"])
+
+
+def compare(tonight: pd.DataFrame, last: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Side by side: tonight, last night, delta (tonight - last) per key and metric."""
+    on = keys + ["metric"]
+    t = tonight.rename(columns={"value": "tonight"})
+    if last is None or last.empty:
+        out = t.assign(last=float("nan"))
+    else:
+        out = t.merge(last.rename(columns={"value": "last"}), on=on, how="outer")
+    out["delta"] = out["tonight"] - out["last"]
+    return out[on + ["tonight", "last", "delta"]]
+
+
+def nightly_report(experiment: str = DEFAULT_EXPERIMENT, run_id: str | None = None) -> dict[str, Any]:
+    """Tonight (the newest finished nightly, or `run_id`) against the nightly before it."""
+    nights = nightly_runs(experiment)
+    if run_id is not None and not nights.empty:
+        idx = nights.index[nights["run_id"] == run_id]
+        nights = nights.loc[idx[0]:] if len(idx) else nights.iloc[0:0]
+    if nights.empty:
+        return {"tonight": None, "last": None, "schedulers": pd.DataFrame(), "tenants": pd.DataFrame()}
+    all_runs = _runs("", experiment)
+    tonight = nights.iloc[0]
+    last = nights.iloc[1] if len(nights) > 1 else None
+    sched = compare(scheduler_table(tonight.run_id, all_runs),
+                    scheduler_table(last.run_id, all_runs) if last is not None else None,
+                    ["experiment", "variant", "scheduler"])
+    ten = compare(tenant_table(tonight.run_id, all_runs),
+                  tenant_table(last.run_id, all_runs) if last is not None else None, ["tenant"])
+    return {"tonight": tonight, "last": last, "schedulers": sched, "tenants": ten}
+
+
+def _fmt(x: Any) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    x = float(x)
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
+def report_markdown(rep: dict[str, Any], metrics: tuple[str, ...] = ("jct_mean", "wasted_frac", "precision",
+                                                                      "recall")) -> str:
+    """The report as markdown: one scheduler table (a column pair per metric) and one tenant table."""
+    if rep["tonight"] is None:
+        return "# Nightly report\n\nNo finished nightly run in MLflow yet: run `rlhfops nightly --quick`.\n"
+    t, last = rep["tonight"], rep["last"]
+    when = pd.Timestamp(t["start_time"]).strftime("%Y-%m-%d %H:%M")
+    lines = ["# Nightly report", "",
+             f"Tonight: run `{t.run_id}` ({when})"
+             + (f"; last: run `{last.run_id}` ({pd.Timestamp(last['start_time']).strftime('%Y-%m-%d %H:%M')})"
+                if last is not None else "; no earlier nightly to compare with") + ".", ""]
+    s = rep["schedulers"]
+    if not s.empty:
+        lines += ["## Schedulers (simulation matrix)", "",
+                  "Delta = tonight − last. JCT in minutes; wasted, precision and recall as fractions.", ""]
+        wide = s[s.metric.isin(metrics)].pivot_table(index=["experiment", "variant", "scheduler"], columns="metric",
+                                                     values=["tonight", "last", "delta"], aggfunc="first",
+                                                     sort=False)
+        header = ["experiment", "variant", "scheduler"]
+        for m in metrics:
+            header += [f"{m} tonight", f"{m} last", f"{m} Δ"]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for idx, row in wide.iterrows():
+            cells = list(map(str, idx))
+            for m in metrics:
+                cells += [_fmt(row.get(("tonight", m))), _fmt(row.get(("last", m))), _fmt(row.get(("delta", m)))]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    ten = rep["tenants"]
+    if not ten.empty:
+        lines += ["## Tenants (live jobs)", "", "| tenant | metric | tonight | last | Δ |", "|---|---|---|---|---|"]
+        for _, r in ten.iterrows():
+            lines.append(f"| {r.tenant} | {r.metric} | {_fmt(r.tonight)} | {_fmt(r['last'])} | {_fmt(r.delta)} |")
+        lines.append("")
+    return "\n".join(lines)

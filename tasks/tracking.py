@@ -1,0 +1,100 @@
+"""Prefect tasks that write MLflow: parent runs per flow run, child runs per simulation variant or job.
+
+Every task here is safe to retry: runs are keyed (`infra.tracking.open_run`), so a retried attempt finds
+or replaces what an earlier attempt left and MLflow ends with one run per unit of work.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from infra import tracking as T
+from tasks.retry import RETRIES, backoff, maybe_fail, retry_transient
+from tasks.timing import clock
+
+_RETRY = dict(retries=RETRIES, retry_delay_seconds=backoff(1.0), retry_jitter_factor=0.5,
+              retry_condition_fn=retry_transient, cache_policy=NO_CACHE)
+
+
+def flow_context() -> dict[str, str]:
+    """Tags that tie an MLflow run to the Prefect flow run that made it."""
+    from prefect.runtime import deployment, flow_run
+
+    return {T.FLOW_RUN_TAG: str(flow_run.id or "none"), "prefect.flow_name": str(flow_run.flow_name or ""),
+            T.DEPLOYMENT_TAG: str(deployment.name or "local")}
+
+
+@task(name="open-flow-run", **_RETRY)
+def open_parent(kind: str, name: str, experiment: str = T.DEFAULT_EXPERIMENT, parent_run_id: str | None = None,
+                tenant: str = "platform", params: dict[str, Any] | None = None,
+                tags: dict[str, Any] | None = None, fail_rate: float = 0.0, fault_seed: int = 0) -> str:
+    """The one MLflow run of a flow run (nested under the caller's run for subflows)."""
+    ctx = flow_context()
+    key = f"flow/{ctx[T.FLOW_RUN_TAG]}"
+    with clock.span("tracking"):
+        maybe_fail("tracking-open", key, fail_rate, fault_seed)
+        run_id, _ = T.open_run(key, name, experiment, parent_run_id,
+                               tags={**ctx, T.KIND_TAG: kind, T.TENANT_TAG: tenant, **(tags or {})},
+                               reuse_unfinished=True)
+        if params:
+            T.log_params(run_id, params)
+    return run_id
+
+
+@task(name="close-flow-run", **_RETRY)
+def close_parent(run_id: str, metrics: dict[str, float] | None = None, artifacts: list[str] | None = None,
+                 texts: dict[str, str] | None = None, tags: dict[str, Any] | None = None,
+                 status: str = "FINISHED") -> str:
+    with clock.span("tracking"):
+        if metrics:
+            T.log_metrics(run_id, metrics)
+        if tags:
+            T.set_tags(run_id, tags)
+        for name, text in (texts or {}).items():
+            T.log_text(run_id, text, name)
+        T.log_artifacts(run_id, artifacts or [])
+        T.finish(run_id, status)
+    return run_id
+
+
+SUMMARY_METRICS = ["jct_mean", "jct_std", "ttfuc_mean", "wasted_frac", "saved_frac", "precision", "recall", "fpr",
+                   "stopped", "jain", "jct_p_value"]
+PER_SEED_METRICS = ["jct", "wasted_frac", "precision", "recall", "fpr"]
+
+
+@task(name="track-variant", task_run_name="track {experiment}/{variant}", **_RETRY)
+def track_variant(parent_run_id: str, flow_run_id: str, experiment: str, variant: str, summary: pd.DataFrame,
+                  per_seed: pd.DataFrame, params: dict[str, Any], mlflow_experiment: str = T.DEFAULT_EXPERIMENT,
+                  fail_rate: float = 0.0, fault_seed: int = 0) -> str:
+    """One child run per simulation variant: its parameters, one metric per (summary metric, scheduler)
+    named `<metric>/<scheduler>`, and per-seed metrics with the seed as the step."""
+    key = f"{flow_run_id}/{experiment}/{variant}"
+    with clock.span("tracking"):
+        maybe_fail("tracking-open", key, fail_rate, fault_seed)
+        names = {T.safe_key(s): s for s in summary["scheduler"]}
+        run_id, done = T.open_run(key, f"{experiment}/{variant}", mlflow_experiment, parent_run_id,
+                                  tags={T.KIND_TAG: "sim_variant", T.TENANT_TAG: "simulation",
+                                        T.FLOW_RUN_TAG: flow_run_id, T.NAMES_TAG: json.dumps(names)})
+        if done:
+            return run_id
+        T.log_params(run_id, {"experiment": experiment, "variant": variant, **params})
+        rows = [(f"{m}/{r.scheduler}", r[m], 0) for _, r in summary.iterrows() for m in SUMMARY_METRICS]
+        rows += [(f"seed_{m}/{r.scheduler}", r[m], int(r.seed)) for _, r in per_seed.iterrows()
+                 for m in PER_SEED_METRICS if m in r]
+        T.log_metric_rows(run_id, rows)
+        # the attempt can die here, between opening the run and finishing it: the next one replaces the run
+        maybe_fail("tracking-mid", key, fail_rate, fault_seed)
+        T.finish(run_id)
+    return run_id
+
+
+def write_text(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
