@@ -187,3 +187,19 @@ class Ledger:
             )
             rows.append(row)
         return pd.DataFrame(rows)
+
+
+def charge_simulated_jobs(ledger: Ledger, jobs: Any, gpu_kind: str = "h100", tenants: list[str] | None = None) -> None:
+    """Feed the simulator's finished jobs (a `jobs.csv` frame: one row per job, seed and scheduler) into the
+    ledger. The simulator models a training step as one block, so a job's GPU time outside evaluations
+    (training and restart overhead) is booked to `optim`, its evaluations to `eval`; every checkpoint
+    counts as one committed step. Tenant indices map to the price table's tenant names when given."""
+    names = tenants if tenants is not None else ledger.prices.tenants
+    for row in jobs.itertuples(index=False):
+        run_id = f"{row.experiment}/{row.variant}/{row.scheduler}/seed{row.seed}/job{row.job_id}"
+        tenant = names[row.tenant] if row.tenant < len(names) else f"tenant{row.tenant}"
+        eval_gpu_s = row.gpus * row.eval_minutes * row.checkpoints * 60.0
+        total_gpu_s = row.gpu_minutes * 60.0
+        ledger.charge(run_id, tenant, gpu_kind, "eval", min(eval_gpu_s, total_gpu_s))
+        ledger.charge(run_id, tenant, gpu_kind, "optim", max(total_gpu_s - eval_gpu_s, 0.0),
+                      steps=int(row.checkpoints))

@@ -51,6 +51,8 @@ def job_table(wl: Workload, res: SimResult) -> dict[str, np.ndarray]:
         "tenant": wl.tenant.astype(int),
         "type": np.array(JOB_TYPES, dtype=object)[wl.job_type],
         "gpus": wl.gpus,
+        "eval_minutes": wl.eval_minutes,
+        "checkpoints": res.end_index - wl.cp_start[:-1] + 1,
         "arrival": wl.arrival,
         "end": res.end,
         "jct": res.end - wl.arrival,

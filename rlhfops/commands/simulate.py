@@ -84,7 +84,24 @@ def run_experiment(exp: str, seeds: list[int] | None, jobs: int | None, gpus: in
     per_seed.to_csv(out / "per_seed.csv", index=False)
     job_rows.to_csv(out / "jobs.csv", index=False)
     plots = plot_summary(summary, out)
+    tenant_costs(job_rows).to_csv(out / "tenants.csv", index=False)
     return cfg, summary, wall, out, plots
+
+
+def tenant_costs(job_rows: pd.DataFrame) -> pd.DataFrame:
+    """Per scheduler and tenant: GPU-hours and cost from the accounting ledger (mean over seeds)."""
+    from infra.ledger import Ledger, charge_simulated_jobs
+
+    rows = []
+    for (exp, variant, sched, seed), g in job_rows.groupby(["experiment", "variant", "scheduler", "seed"], sort=False):
+        ledger = Ledger()
+        charge_simulated_jobs(ledger, g)
+        for tenant, t in sorted(ledger.tenant_totals().items()):
+            rows.append({"experiment": exp, "variant": variant, "scheduler": sched, "seed": seed, "tenant": tenant,
+                         "gpu_hours": t.gpu_seconds / 3600, "cost": float(t.cost)})
+    df = pd.DataFrame(rows)
+    return df.groupby(["experiment", "variant", "scheduler", "tenant"], sort=False)[["gpu_hours", "cost"]].mean() \
+        .reset_index()
 
 
 def register(app: typer.Typer) -> None:
@@ -109,7 +126,7 @@ def register(app: typer.Typer) -> None:
                                     f"{cfg.workload.gpus} GPUs, seeds {','.join(map(str, cfg.seeds))}"))
         console.print("Means over seeds; JCT ± sd across seeds; p(JCT): Welch's t-test of per-job JCT against "
                       "the same base without early stop.")
-        console.print(f"[green]done in {wall:.1f}s[/]: {out_dir}/summary.csv, jobs.csv, per_seed.csv, "
+        console.print(f"[green]done in {wall:.1f}s[/]: {out_dir}/summary.csv, jobs.csv, per_seed.csv, tenants.csv, "
                       + ", ".join(p.name for p in plots))
 
     @app.command("reproduce")
