@@ -138,3 +138,21 @@ def test_cli_train_bad_overlap_exits_2(tmp_path):
     res = subprocess.run([sys.executable, "-m", "rlhfops.cli", "train", str(p), "--overlap", "sideways"],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--overlap" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_bench_reports_every_mode_and_ratio(cache, tmp_path):
+    from training.bench import bench_oppo, plot_bench
+
+    res = bench_oppo(tiny(cache), steps=6, smooth=2, target_frac=0.3)
+    assert set(res["modes"]) == {"none", "intra", "inter", "full"}
+    for m in res["modes"].values():
+        for key in ("time_to_reward_s", "steps_to_reward", "samples_per_s", "final_reward"):
+            assert key in m
+        assert m["samples_per_s"] > 0 and len(m["reward_curve"]) == 6
+    assert res["modes"]["none"]["steps_to_reward"] is not None  # the target comes from the sequential run
+    # intra streams the same responses as sequential: identical trajectory (same seed, same samples)
+    assert res["modes"]["intra"]["reward_curve"] == pytest.approx(res["modes"]["none"]["reward_curve"], abs=1e-4)
+    assert set(res["speedup"]) == {"intra", "inter", "full"}
+    assert 0 <= res["workload"]["frac_ge_4x_median"] <= 1
+    plot_bench(res, tmp_path / "b.png")
+    assert (tmp_path / "b.png").stat().st_size > 0

@@ -5,6 +5,10 @@ background process slowing the machine hits every mode alike; each mode's clock 
 step times. Time-to-reward: the first step at which a mode's reward, smoothed over a trailing window,
 reaches the target, and that mode's training wall seconds up to there. The target is fixed from the
 sequential run: its smoothed start plus `target_frac` of its best smoothed improvement.
+
+Quality is compared on fresh held-out samples of each final policy (gold and proxy): the training-batch
+reward of inter-step overlap is biased toward responses that finish first, so it is not a fair
+quality figure on its own.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ def bench_oppo(cfg: TrainConfig, steps: int, smooth: int = 8, target_frac: float
         samples = sum(r.samples_trained for r in recs)
         tr = trainers[mode]
         ev = gold_eval(tr.actor, None, cfg, tok=tr.tok, seed=12345)
+        proxy = proxy_eval(tr, seed=12345)
         phases = {k: float(sum(r.phase_seconds.get(k, 0.0) for r in recs)) for k in PHASE_KEYS}
         modes[mode] = {
             "time_to_reward_s": float(wall[idx]) if idx is not None else None,
@@ -78,6 +83,7 @@ def bench_oppo(cfg: TrainConfig, steps: int, smooth: int = 8, target_frac: float
             "final_reward": float(np.mean(rewards[-smooth:])),
             "final_reward_se": float(np.std(rewards[-smooth:], ddof=1) / math.sqrt(min(smooth, len(rewards)))),
             "final_gold_heldout": ev.mean, "final_gold_heldout_se": ev.se,
+            "final_proxy_heldout": proxy[0], "final_proxy_heldout_se": proxy[1],
             "wall_s": float(wall[-1]), "step_s_mean": float(wall[-1]) / len(recs),
             "phase_seconds": phases,
             "phase_share": {k: v / float(wall[-1]) for k, v in phases.items()},
@@ -111,6 +117,25 @@ def bench_oppo(cfg: TrainConfig, steps: int, smooth: int = 8, target_frac: float
         "workload": workload, "bench_wall_s": bench_wall,
         "config": cfg.model_dump(mode="json"), "python": platform.python_version(), "machine": platform.machine(),
     }
+
+
+def proxy_eval(tr: Trainer, seed: int) -> tuple[float, float]:
+    """Proxy reward of the final policy on held-out prompts (fresh samples, so no selection bias:
+    inter-step overlap trains on the first B to finish, which skews its training-batch reward)."""
+    import torch
+
+    from training.engine import IncrementalScorer, left_pad
+    from training.models import format_prompt
+    from training.trainer import generate
+
+    cfg = tr.cfg
+    prompts = tr.prompts.heldout[: cfg.eval_prompts]
+    responses = generate(tr.actor, tr.tok, prompts, cfg.ppo.max_new_tokens, cfg.ppo.temperature, seed=seed)
+    seqs = [tr.tok.encode(format_prompt(p)) + r for p, r in zip(prompts, responses, strict=True)]
+    ids, attn = left_pad(seqs, tr.tok.pad_id)
+    with torch.no_grad():
+        scores = IncrementalScorer(tr.reward_model, "reward").begin(ids, attn)[:, -1].numpy()
+    return float(scores.mean()), float(scores.std(ddof=1) / math.sqrt(len(scores)))
 
 
 def plot_bench(result: dict, path: Path) -> None:

@@ -226,7 +226,12 @@ class VLLMEngine:  # pragma: no cover - needs a GPU and the `gpu` extra; never r
         self.rows = [row[m.bool()].tolist() for row, m in zip(ids, attn, strict=True)]
         self.done, self.n_resp, self.max_new = done.clone(), n_resp.clone(), max_new_tokens
         self.seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-        return torch.zeros(ids.shape, dtype=torch.float32)  # the trainer recomputes prefix logprobs
+        # KNOWN GAP (untested path): carried tokens' logprobs under the new weights are not computed here;
+        # a GPU run must recompute them with an actor forward before PPO uses them.
+        return torch.zeros(ids.shape, dtype=torch.float32)
+
+    def release(self) -> None:
+        pass
 
     def decode(self, max_tokens: int, stop_when_done: int, groups: torch.Tensor | None = None) -> Chunk:
         n = len(self.rows)

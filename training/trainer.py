@@ -93,8 +93,8 @@ class Trainer:
         self.overcommit = overlap in ("inter", "full")
         self.out_dir = Path(out_dir) if out_dir else None
         self.progress = progress  # optional callable(str) for long setup work
-        if cfg.engine != "transformers":
-            raise BadInput("engine: only 'transformers' runs here; 'vllm' needs a GPU and the gpu extra")
+        if cfg.engine == "vllm" and not cfg.policy.model_name_or_path:
+            raise BadInput("engine: 'vllm' needs policy.model_name_or_path (a checkpoint vLLM can load)")
         torch.set_num_threads(cfg.oppo.torch_threads)
         self.grouped = cfg.ppo.advantage != "gae"
         self.group_size = cfg.ppo.group_size if self.grouped else 1
@@ -118,7 +118,13 @@ class Trainer:
         self.actor_opt = torch.optim.AdamW(self.actor.parameters(), lr=cfg.ppo.actor_lr, weight_decay=0.0)
         self.critic_opt = (torch.optim.AdamW(self.critic.parameters(), lr=cfg.ppo.critic_lr, weight_decay=0.0)
                            if self.critic is not None else None)
-        self.engine = TransformersEngine(self.tok.eos_id, self.tok.pad_id, cfg.ppo.temperature)
+        if cfg.engine == "vllm":  # pragma: no cover - GPU only, never run here (see training/engine.py)
+            from training.engine import VLLMEngine
+
+            self.engine = VLLMEngine(cfg.policy.model_name_or_path, self.tok.eos_id, self.tok.pad_id,
+                                     cfg.ppo.temperature)
+        else:
+            self.engine = TransformersEngine(self.tok.eos_id, self.tok.pad_id, cfg.ppo.temperature)
         self.scorers = {"ref": IncrementalScorer(self.ref, "logprob", cfg.ppo.temperature),
                         "reward": IncrementalScorer(self.reward_model, "reward")}
         if self.critic is not None:
@@ -444,7 +450,7 @@ class Trainer:
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
 
 
-def _micro_batches(idx: list[int], samples: list[Sample], token_budget: int = 2048) -> list[list[int]]:
+def _micro_batches(idx: list[int], samples: list[Sample], token_budget: int = 8192) -> list[list[int]]:
     """Split a minibatch into length-sorted micro-batches so short responses are not padded to the
     longest one (long-tailed lengths make padding the dominant cost otherwise). Same gradient: each
     micro-batch's token-mean loss is weighted by its share of the minibatch's tokens."""

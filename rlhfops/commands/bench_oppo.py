@@ -45,7 +45,8 @@ def register_bench(bench_app: typer.Typer) -> None:
         table = Table(title=f"rlhfops bench oppo ({n_steps} steps per mode, target reward "
                             f"{result['target_reward']:+.3f})")
         for col in ("mode", "time-to-reward s", "steps-to-reward", "speedup", "step s", "samples/s",
-                    "final reward", "held-out gold", "rollout/score/optim share", "Δ mean", "C"):
+                    "final train reward", "held-out proxy", "held-out gold", "rollout/score/optim share",
+                    "Δ mean", "C"):
             table.add_column(col, justify="right")
         for mode, m in result["modes"].items():
             sp = result["speedup"].get(mode)
@@ -56,6 +57,7 @@ def register_bench(bench_app: typer.Typer) -> None:
                 "1.00x" if mode == "none" else ("n/a" if sp is None else f"{sp:.2f}x"),
                 f"{m['step_s_mean']:.3f}", f"{m['samples_per_s']:.1f}",
                 f"{m['final_reward']:+.3f} ± {m['final_reward_se']:.3f}",
+                f"{m['final_proxy_heldout']:+.3f} ± {m['final_proxy_heldout_se']:.3f}",
                 f"{m['final_gold_heldout']:+.3f} ± {m['final_gold_heldout_se']:.3f}",
                 f"{share['rollout']:.0%}/{share['score']:.0%}/{share['optim']:.0%}",
                 f"{m['delta_mean']:.1f}", str(m["chunk_size_final"] or "-"),
