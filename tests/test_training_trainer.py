@@ -156,3 +156,13 @@ def test_bench_reports_every_mode_and_ratio(cache, tmp_path):
     assert 0 <= res["workload"]["frac_ge_4x_median"] <= 1
     plot_bench(res, tmp_path / "b.png")
     assert (tmp_path / "b.png").stat().st_size > 0
+
+
+def test_model_name_or_path_trains_from_a_local_checkpoint(cache, tmp_path):
+    list(train(tiny(cache), overlap="none", out_dir=tmp_path / "a", steps=2))
+    path = str(latest_checkpoint(tmp_path / "a") / "actor")
+    cfg = tiny(cache, policy={"model_name_or_path": path})
+    tr = Trainer(cfg, "full")
+    assert tr.tok.vocab_size == 259
+    recs = list(tr.run(2))
+    assert len(recs) == 2 and all(math.isfinite(r.reward_mean) for r in recs)

@@ -106,10 +106,13 @@ def bench_oppo(cfg: TrainConfig, steps: int, smooth: int = 8, target_frac: float
     step_speedup = {m: modes["none"]["step_s_mean"] / modes[m]["step_s_mean"] for m in ("intra", "inter", "full")}
     lens = np.asarray(lengths["none"])
     med = float(np.median(lens))
+    early = np.asarray(lengths["none"][: 10 * cfg.ppo.batch_size])  # the first 10 steps: the workload as given
     workload = {
         "responses": int(len(lens)), "median_len": med, "p90_len": float(np.percentile(lens, 90)),
         "max_len": int(lens.max()), "frac_ge_4x_median": float(np.mean(lens >= 4 * med)),
         "long_tailed": bool(np.mean(lens >= 4 * med) >= 0.10),
+        "first10_median_len": float(np.median(early)),
+        "first10_frac_ge_4x_median": float(np.mean(early >= 4 * np.median(early))),
     }
     return {
         "modes": modes, "speedup": speedup, "step_time_speedup": step_speedup,

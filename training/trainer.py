@@ -407,6 +407,7 @@ class Trainer:
         torch.save(state, tmp / "state.pt")
         hf_logging.disable_progress_bar()  # no "Writing model shards" bar over the CLI's progress display
         self.actor.save_pretrained(tmp / "actor")
+        self.tok.hf.save_pretrained(tmp / "actor")  # a complete model dir: usable as model_name_or_path
         (tmp / "config.yaml").write_text(yaml.safe_dump(self.cfg.model_dump(mode="json"), sort_keys=False))
         if path.exists():
             shutil.rmtree(path)

@@ -16,7 +16,8 @@ def register_bench(bench_app: typer.Typer) -> None:
         quick: bool = typer.Option(False, "--quick", help="fewer steps (for CI and a first look)"),
         out: Path = typer.Option(None, "--out", help="write the JSON here; the plot goes next to it (.png)"),
         config: Path = typer.Option(Path("configs/ppo-bench.yaml"), "--config", help="PPO config to benchmark"),
-        steps: int = typer.Option(None, "--steps", help="steps per mode (default: 80, or 30 with --quick)"),
+        steps: int = typer.Option(None, "--steps",
+                                  help="steps per mode (default: the config's `steps`, or 30 with --quick)"),
         target_frac: float = typer.Option(0.7, "--target-frac",
                                           help="target = sequential start + this share of its best improvement"),
     ) -> None:
@@ -33,7 +34,7 @@ def register_bench(bench_app: typer.Typer) -> None:
         if steps is not None and steps < 10:
             raise BadInput("--steps: need at least 10 steps per mode")
         cfg = load_config(config)
-        n_steps = steps or (30 if quick else 80)
+        n_steps = steps or (30 if quick else cfg.steps)
         smooth = 5 if quick else 8
         console = make_console()
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -66,7 +67,8 @@ def register_bench(bench_app: typer.Typer) -> None:
         w = result["workload"]
         console.print(f"workload (sequential run): {w['responses']} responses, median length {w['median_len']:.0f}, "
                       f"p90 {w['p90_len']:.0f}, max {w['max_len']}, {w['frac_ge_4x_median']:.1%} >= 4x median "
-                      f"({'long-tailed' if w['long_tailed'] else 'NOT long-tailed: < 10%'})")
+                      f"({'long-tailed' if w['long_tailed'] else 'NOT long-tailed: < 10%'}); first 10 steps: median "
+                      f"{w['first10_median_len']:.0f}, {w['first10_frac_ge_4x_median']:.1%} >= 4x median")
         for mode in ("inter", "full"):
             h = result["modes"][mode]["deferral_histogram"]
             console.print(f"deferral ({mode}): 0 steps {h['0']:.1%}, 1 {h['1']:.1%}, 2 {h['2']:.1%}, "
