@@ -5,6 +5,7 @@ runs (a parent for the flow run, a child per variant)."""
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +45,13 @@ def _clean(x: Any) -> Any:
     return None if isinstance(x, float) and math.isnan(x) else x
 
 
-def run_units_as_tasks(units, fail_rate: float, fault_seed: int, retry_delay_s: float, label: str):
-    """Submit one task per unit, report progress as they finish, return (per_seed, jobs) in unit order."""
+def run_units_as_tasks(units, fail_rate: float, fault_seed: int, retry_delay_s: float, label: str | None):
+    """Submit one task per unit, report progress as they finish, return (per_seed, jobs) in unit order.
+    `label=None`: advance the caller's progress stage instead of opening one."""
     task = simulate_unit.with_options(retry_delay_seconds=backoff(retry_delay_s))
     futures = [task.submit(u, fail_rate, fault_seed) for u in units]
-    progress.reporter.stage(label, total=len(futures))
+    if label is not None:
+        progress.reporter.stage(label, total=len(futures))
     for _ in as_completed(futures):
         progress.reporter.advance()
     rows, tables = [], []
@@ -77,12 +80,14 @@ def scheduling_experiment(
     retry_delay_s: float = 1.0,
     mlflow_experiment: str = T.DEFAULT_EXPERIMENT,
     parent_run_id: str | None = None,
+    progress_stage: bool = True,
 ) -> dict[str, Any]:
     """Run experiment E1..E8 (or a YAML path) in the simulator: one task per variant x seed.
 
     Writes summary.csv, per_seed.csv, jobs.csv and plots to `out_dir` (default results/<EXP>), a table
     artifact, and MLflow runs. `fail_rate` injects transient failures into that share of task attempts
     (chaos testing); retries with exponential backoff from `retry_delay_s` absorb them."""
+    marks = [("start", time.time())]
     cfg = resolve_experiment(experiment, seeds, jobs, gpus, overrides)
     units = units_for(cfg, keep_jobs=keep_jobs)
     out = Path(out_dir or Path("results") / cfg.name)
@@ -93,10 +98,12 @@ def scheduling_experiment(
               "fail_rate": fail_rate}
     run_id = open_parent("scheduling_experiment", f"simulate {cfg.name}", mlflow_experiment, parent_run_id,
                          tenant="simulation", params=params, fail_rate=fail_rate, fault_seed=fault_seed)
+    marks.append(("open_run", time.time()))
     try:
         with compute_pool(workers):
             per_seed, job_rows = run_units_as_tasks(units, fail_rate, fault_seed, retry_delay_s,
-                                                    f"{cfg.name}: variant x seed")
+                                                    f"{cfg.name}: variant x seed" if progress_stage else None)
+        marks.append(("units", time.time()))
         with clock.span("work"):
             summary = aggregate(per_seed, job_rows)
             out.mkdir(parents=True, exist_ok=True)
@@ -106,6 +113,7 @@ def scheduling_experiment(
                 job_rows.to_csv(out / "jobs.csv", index=False)
             plots = plot_summary(summary, out)
             (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        marks.append(("aggregate_plots", time.time()))
         variant_params = {"seeds": params["seeds"], "jobs": cfg.workload.jobs, "gpus": cfg.workload.gpus}
         track = track_variant.with_options(retry_delay_seconds=backoff(retry_delay_s))
         futures = [track.submit(run_id, flow_run_id, cfg.name, variant, summary[summary.variant == variant],
@@ -113,6 +121,7 @@ def scheduling_experiment(
                                 fail_rate, fault_seed)
                    for variant in dict.fromkeys(summary["variant"])]
         child_runs = [f.result() for f in futures]
+        marks.append(("track_variants", time.time()))
         create_table_artifact(
             key=f"summary-{cfg.name.lower().replace('_', '-')}",
             table=[{k: _clean(v) for k, v in r.items()} for r in summary.to_dict("records")],
@@ -120,12 +129,14 @@ def scheduling_experiment(
         artifacts = [out / "summary.csv", out / "per_seed.csv", out / "config.yaml", *plots]
         close_parent(run_id, metrics={"units": len(units), "variants": len(child_runs)},
                      artifacts=[str(p) for p in artifacts])
+        marks.append(("artifacts_close", time.time()))
     except BaseException as err:
         close_parent(run_id, tags={"failure_class": "platform", "error": f"{type(err).__name__}: {err}"[:500]},
                      status="FAILED")
         raise
     return {"experiment": cfg.name, "run_id": run_id, "child_runs": child_runs, "out_dir": str(out),
-            "summary": summary, "per_seed": per_seed, "plots": [str(p) for p in plots]}
+            "summary": summary, "per_seed": per_seed, "plots": [str(p) for p in plots],
+            "phases": {name: t - marks[i][1] for i, (name, t) in enumerate(marks[1:])}}
 
 
 def with_runner(flow_obj, runner: str = "thread", max_workers: int | None = None):

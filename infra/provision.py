@@ -161,6 +161,19 @@ class SlotPool:
         return f"{self.size} GPU slots (local slot pool: the Prefect limit could not be created: {self.reason})"
 
 
+_slot_pools: dict[str, SlotPool] = {}
+
+
+def gpu_slots(size: int, name: str = GPU_LIMIT) -> SlotPool:
+    """The process's slot pool of that name (one per name, so concurrent jobs in this process share it);
+    the Prefect limit is (re)sized to `size` on first use."""
+    with _pool_lock:
+        pool = _slot_pools.get(name)
+        if pool is None or pool.size != size:
+            pool = _slot_pools[name] = SlotPool(size, name)
+        return pool
+
+
 # ---------------------------------------------------------------------------------------------------------
 # work pools
 

@@ -220,12 +220,6 @@ def _runs(filter_string: str, experiment: str = DEFAULT_EXPERIMENT) -> pd.DataFr
                               order_by=["attributes.start_time DESC"], max_results=50000)
 
 
-def nightly_runs(experiment: str = DEFAULT_EXPERIMENT) -> pd.DataFrame:
-    """Finished nightly parent runs, newest first."""
-    runs = _runs(f"tags.`{KIND_TAG}` = 'nightly' and attributes.status = 'FINISHED'", experiment)
-    return runs
-
-
 def _descendants(root_id: str, all_runs: pd.DataFrame) -> pd.DataFrame:
     """Every run below `root_id` (children, grandchildren, ...) by the parent tag."""
     col = f"tags.{PARENT_TAG}"
@@ -291,17 +285,28 @@ def compare(tonight: pd.DataFrame, last: pd.DataFrame, keys: list[str]) -> pd.Da
     return out[on + ["tonight", "last", "delta"]]
 
 
-def nightly_report(experiment: str = DEFAULT_EXPERIMENT, run_id: str | None = None) -> dict[str, Any]:
-    """Tonight (the newest finished nightly, or `run_id`) against the nightly before it."""
-    nights = nightly_runs(experiment)
-    if run_id is not None and not nights.empty:
-        idx = nights.index[nights["run_id"] == run_id]
-        nights = nights.loc[idx[0]:] if len(idx) else nights.iloc[0:0]
-    if nights.empty:
-        return {"tonight": None, "last": None, "schedulers": pd.DataFrame(), "tenants": pd.DataFrame()}
+def nightly_report(experiment: str = DEFAULT_EXPERIMENT, tonight_id: str | None = None) -> dict[str, Any]:
+    """Tonight (`tonight_id`, which may still be running, or else the newest finished nightly) against the
+    newest finished nightly that started before it."""
+    empty = {"tonight": None, "last": None, "schedulers": pd.DataFrame(), "tenants": pd.DataFrame()}
     all_runs = _runs("", experiment)
-    tonight = nights.iloc[0]
-    last = nights.iloc[1] if len(nights) > 1 else None
+    if all_runs.empty:
+        return empty
+    kind = all_runs.get(f"tags.{KIND_TAG}", pd.Series(index=all_runs.index, dtype=object))
+    nights = all_runs[kind == "nightly"]
+    if tonight_id is not None:
+        match = nights[nights["run_id"] == tonight_id]
+        if match.empty:
+            return empty
+        tonight = match.iloc[0]
+    else:
+        done = nights[nights["status"] == "FINISHED"]
+        if done.empty:
+            return empty
+        tonight = done.iloc[0]
+    earlier = nights[(nights["status"] == "FINISHED") & (nights["start_time"] < tonight["start_time"])
+                     & (nights["run_id"] != tonight["run_id"])]
+    last = earlier.iloc[0] if len(earlier) else None
     sched = compare(scheduler_table(tonight.run_id, all_runs),
                     scheduler_table(last.run_id, all_runs) if last is not None else None,
                     ["experiment", "variant", "scheduler"])

@@ -65,8 +65,18 @@ def should_fail(site: str, key: str, rate: float, seed: int, attempt_no: int) ->
     return int.from_bytes(h, "big") / 2 ** 64 < rate
 
 
-def maybe_fail(site: str, key: str, rate: float = 0.0, seed: int = 0) -> None:
-    """Raise `InjectedFault` on the attempts the fault plan picks."""
+def fault_site(key: str, rate: float, seed: int, attempt_no: int, sites: tuple[str, ...]) -> str | None:
+    """Where this attempt fails, if the plan fails it: each attempt fails with probability `rate` (not once
+    per site), at one of the task's fault sites."""
+    if not should_fail("attempt", key, rate, seed, attempt_no):
+        return None
+    h = hashlib.blake2b(f"{seed}|site|{key}|{attempt_no}".encode(), digest_size=8).digest()
+    return sites[int.from_bytes(h, "big") % len(sites)]
+
+
+def maybe_fail(site: str, key: str, rate: float = 0.0, seed: int = 0, sites: tuple[str, ...] | None = None) -> None:
+    """Raise `InjectedFault` at `site` on the attempts the fault plan picks. `sites`: every fault site of the
+    calling task, so that an attempt fails at most once whatever the number of sites."""
     n = attempt()
-    if should_fail(site, key, rate, seed, n):
+    if fault_site(key, rate, seed, n, sites or (site,)) == site:
         raise InjectedFault(f"injected transient failure at {site} for {key} (attempt {n})")

@@ -38,7 +38,7 @@ def open_parent(kind: str, name: str, experiment: str = T.DEFAULT_EXPERIMENT, pa
     ctx = flow_context()
     key = f"flow/{ctx[T.FLOW_RUN_TAG]}"
     with clock.span("tracking"):
-        maybe_fail("tracking-open", key, fail_rate, fault_seed)
+        maybe_fail("tracking-open", f"{kind}/{name}", fail_rate, fault_seed)
         run_id, _ = T.open_run(key, name, experiment, parent_run_id,
                                tags={**ctx, T.KIND_TAG: kind, T.TENANT_TAG: tenant, **(tags or {})},
                                reuse_unfinished=True)
@@ -65,6 +65,7 @@ def close_parent(run_id: str, metrics: dict[str, float] | None = None, artifacts
 
 SUMMARY_METRICS = ["jct_mean", "jct_std", "ttfuc_mean", "wasted_frac", "saved_frac", "precision", "recall", "fpr",
                    "stopped", "jain", "jct_p_value"]
+VARIANT_FAULT_SITES = ("tracking-open", "tracking-mid")
 PER_SEED_METRICS = ["jct", "wasted_frac", "precision", "recall", "fpr"]
 
 
@@ -75,8 +76,9 @@ def track_variant(parent_run_id: str, flow_run_id: str, experiment: str, variant
     """One child run per simulation variant: its parameters, one metric per (summary metric, scheduler)
     named `<metric>/<scheduler>`, and per-seed metrics with the seed as the step."""
     key = f"{flow_run_id}/{experiment}/{variant}"
+    fault_key = f"{experiment}/{variant}"  # no run id: a fault plan replays identically across flow runs
     with clock.span("tracking"):
-        maybe_fail("tracking-open", key, fail_rate, fault_seed)
+        maybe_fail("tracking-open", fault_key, fail_rate, fault_seed, VARIANT_FAULT_SITES)
         names = {T.safe_key(s): s for s in summary["scheduler"]}
         run_id, done = T.open_run(key, f"{experiment}/{variant}", mlflow_experiment, parent_run_id,
                                   tags={T.KIND_TAG: "sim_variant", T.TENANT_TAG: "simulation",
@@ -89,7 +91,7 @@ def track_variant(parent_run_id: str, flow_run_id: str, experiment: str, variant
                  for m in PER_SEED_METRICS if m in r]
         T.log_metric_rows(run_id, rows)
         # the attempt can die here, between opening the run and finishing it: the next one replaces the run
-        maybe_fail("tracking-mid", key, fail_rate, fault_seed)
+        maybe_fail("tracking-mid", fault_key, fail_rate, fault_seed, VARIANT_FAULT_SITES)
         T.finish(run_id)
     return run_id
 

@@ -1,0 +1,181 @@
+"""`rlhf_job`: one tenant's PPO job with OPPO overlap, end to end on the platform's control path.
+
+validate the config (before anything is provisioned) -> take GPU worker slots -> start the worker ->
+train, feeding every StepRecord to the supervisor (alert catalog, run state machine, eval-gate detector,
+ledger, metrics) -> continue / pause / stop -> score the saved checkpoints on held-out prompts, keep and
+register the best -> close the tenant's ledger -> final run state (MLflow tags, Prefect state).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect import flow
+
+from flows import progress
+from infra import tracking as T
+from infra.provision import gpu_slots
+from rlhfops.errors import BadInput
+from tasks.retry import backoff
+from tasks.tracking import close_parent, open_parent
+from tasks.training import (
+    best_of,
+    register_checkpoint,
+    resolve_train_config,
+    score_checkpoints,
+    start_worker,
+    train_supervised,
+)
+
+
+class JobFailed(RuntimeError):
+    """The job ended FAILED(class): the flow run fails too, after everything was recorded."""
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{key}."))
+        else:
+            out[key] = v
+    return out
+
+
+def validate_job(config: str | dict, overrides: dict | None, steps: int | None, overlap: str, detector: str,
+                 gpus: int, cluster_gpus: int, gpu_kind: str, alerts: str | None, alert_profile: str | None,
+                 prices: str | None):
+    """Everything a job needs, checked before any slot is taken. Raises BadInput naming the field."""
+    from eval.detectors import make_detector
+    from eval.health import Catalog
+    from infra.ledger import Ledger, load_prices
+    from training.trainer import check_overlap
+
+    cfg = resolve_train_config(config, overrides, steps)
+    check_overlap(overlap)
+    try:
+        make_detector(detector)
+    except (ValueError, KeyError) as err:
+        raise BadInput(f"detector: {err}") from None
+    if gpus < 1:
+        raise BadInput("gpus: a job needs at least one GPU slot")
+    if gpus > cluster_gpus:
+        raise BadInput(f"gpus: the job asks for {gpus} slots but the cluster has {cluster_gpus} (cluster_gpus)")
+    price_table = load_prices(prices)
+    if gpu_kind not in price_table.gpu_hour:
+        raise BadInput(f"gpu_kind: '{gpu_kind}' has no price (add it under gpu_hour in configs/prices.yaml)")
+    catalog = Catalog.from_file(alerts, algorithm="ppo", profile=alert_profile)
+    return cfg, catalog, Ledger(price_table)
+
+
+@flow(name="rlhf-job", flow_run_name="{tenant}/{name}", log_prints=False)
+def rlhf_job(
+    config: str | dict[str, Any] = "configs/ppo-tiny.yaml",
+    overrides: dict[str, Any] | None = None,
+    tenant: str = "acme",
+    name: str = "ppo-tiny",
+    overlap: str = "full",
+    steps: int | None = None,
+    gpus: int = 1,
+    cluster_gpus: int = 4,
+    gpu_kind: str = "cpu",
+    detector: str = "divergence",
+    alerts: str | None = None,
+    alert_profile: str | None = None,
+    prices: str | None = None,
+    out_dir: str | None = None,
+    registered_model: str | None = None,
+    fail_rate: float = 0.0,
+    fault_seed: int = 0,
+    retry_delay_s: float = 1.0,
+    mlflow_experiment: str = T.DEFAULT_EXPERIMENT,
+    parent_run_id: str | None = None,
+) -> dict[str, Any]:
+    """Train one tenant's PPO job (OPPO overlap) on GPU worker slots under the run-health catalog and a
+    held-out eval gate; register the best checkpoint in the MLflow model registry.
+
+    `config`: a PPO YAML (configs/ppo-*.yaml); `overrides`: dotted fields, e.g. {"ppo.kl_coef": 0.01}.
+    `detector`: the eval-gate early-stop detector (eval/detectors.py). `registered_model` defaults to
+    `<tenant>-policy`."""
+    from eval.detectors import make_detector
+    from eval.states import RunState, RunSupervisor
+    from infra.metrics import PlatformMetrics
+
+    cfg, catalog, ledger = validate_job(config, overrides, steps, overlap, detector, gpus, cluster_gpus, gpu_kind,
+                                        alerts, alert_profile, prices)
+    job = f"{tenant}/{name}"
+    out = Path(out_dir or Path("runs") / "jobs" / tenant / name)
+    out.mkdir(parents=True, exist_ok=True)
+    resolved = cfg.model_dump(mode="json")
+    (out / "config.resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+    delays = backoff(retry_delay_s)
+    T.init_store()
+    run_id = open_parent.with_options(retry_delay_seconds=delays)(
+        "rlhf_job", job, mlflow_experiment, parent_run_id, tenant=tenant,
+        params={"config": config if isinstance(config, str) else "inline", "overlap": overlap, "gpus": gpus,
+                "gpu_kind": gpu_kind, "detector": detector, **_flatten(resolved)},
+        fail_rate=fail_rate, fault_seed=fault_seed)
+    metrics = PlatformMetrics(tenants=[tenant])
+    sup = RunSupervisor(run_id, tenant, catalog.start(tenant=tenant), gate_detector=make_detector(detector),
+                        ledger=ledger, metrics=metrics, gpu_kind=gpu_kind, n_gpus=gpus)
+    slots = gpu_slots(cluster_gpus)
+    progress.reporter.stage(f"rlhf job {job}: {cfg.steps} PPO steps ({overlap})", total=cfg.steps)
+    sup.machine.provision()
+    result: dict[str, Any] = {}
+    try:
+        with slots.take(gpus) as waited:
+            trainer = start_worker.with_options(retry_delay_seconds=delays)(
+                job, cfg, overlap, str(out), fail_rate, fault_seed)
+            sup.machine.start()
+            result = train_supervised(job, trainer, sup, run_id, cfg.steps,
+                                      on_step=lambda rec, _s: progress.reporter.advance())
+        scores = score_checkpoints.with_options(retry_delay_seconds=delays)(
+            job, [str(p) for p in sorted((out / "checkpoints").glob("step-*"))])
+    except BaseException as err:
+        status = sup.finish(completed=False, exception=err)
+        close_parent(run_id, tags={"run_state": status.label, "failure_class": status.failure or "platform_fault",
+                                   "reason": status.reason[:500]}, status="FAILED")
+        raise
+    status = sup.finish(completed=result["decision"] != "failed", exception=result["error"])
+    best = best_of(scores)
+    registry = None
+    if best is not None:
+        registry = register_checkpoint.with_options(retry_delay_seconds=delays)(
+            run_id, registered_model or f"{tenant}-policy", best, tenant, job, fail_rate, fault_seed)
+    # close the tenant's ledger: the run's totals become MLflow metrics and a CSV artifact
+    totals = ledger.run_totals().get(run_id)
+    ledger_csv = out / "ledger.csv"
+    ledger.frame().to_csv(ledger_csv, index=False)
+    records = result["records"]
+    final = records[-1] if records else {}
+    job_metrics = {
+        "cost_usd": float(totals.cost) if totals else 0.0,
+        "gpu_hours": totals.gpu_seconds / 3600 if totals else 0.0,
+        "steps": len(records), "tokens_generated": totals.tokens_generated if totals else 0,
+        "best_eval": best["eval_score"] if best else math.nan,
+        "best_eval_se": best["eval_se"] if best else math.nan,
+        "best_step": best["step"] if best else math.nan,
+        "final_reward": final.get("reward_mean", math.nan), "slot_wait_s": waited, "train_wall_s": result["wall_s"],
+        "alerts_paged": len(sup.machine.pages),
+    }
+    failure = status.failure.value if status.failure else ""
+    tags = {"run_state": status.label, "final_state": status.state.value, "failure_class": failure,
+            "reason": status.reason[:500], "decision": result["decision"],
+            "alerts": json.dumps([e.alert for e in sup.events]),
+            "slots_backend": slots.backend}
+    (out / "scores.json").write_text(json.dumps(scores, indent=2))
+    close_parent(run_id, metrics=job_metrics, tags=tags,
+                 artifacts=[str(out / "config.resolved.yaml"), str(ledger_csv), str(out / "scores.json"),
+                            str(out / "metrics.csv")],
+                 status="FAILED" if status.state is RunState.FAILED else "FINISHED")
+    summary = {"job": job, "tenant": tenant, "run_id": run_id, "state": status.label, "decision": result["decision"],
+               "failure_class": failure, "reason": status.reason, "best": best, "registry": registry,
+               "metrics": job_metrics, "out_dir": str(out), "history": sup.machine.labels()}
+    if status.state is RunState.FAILED:
+        raise JobFailed(f"{job}: {status.label}: {status.reason}")
+    return summary

@@ -1,0 +1,177 @@
+"""`rlhfops nightly [--quick]`: the nightly sweep flow, locally, on embedded defaults (temporary Prefect API,
+SQLite MLflow in the working directory)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import typer
+
+from rlhfops.errors import BadInput
+
+
+def prefect_env(verbose: bool = False) -> None:
+    """Settings for a local run; must happen before Prefect is imported. Explicit user settings win."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # the temporary server takes 10-18 s to start on 2 loaded cores; Prefect's default gives up at 20 s
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    if not verbose:
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+class start_prefect_api(threading.Thread):  # noqa: N801 - used like a function
+    """Start (or reach) the Prefect API in the background while the CLI imports the flows and opens the
+    MLflow store: the temporary server's 10-18 s start then overlaps that work instead of adding to it."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="prefect-api-start")
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            from prefect.client.orchestration import get_client
+
+            with get_client(sync_client=True) as client:
+                client.hello()
+        except BaseException as err:  # noqa: BLE001 - reported by the caller
+            self.error = err
+
+
+def split_list(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    if text.strip().lower() in ("", "none"):
+        return []
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("nightly")
+    def nightly_cmd(
+        quick: bool = typer.Option(False, "--quick", help="seeds 42,123, a 24-step RLHF job, 60-step canaries "
+                                   "(under 10 minutes on 2 cores)"),
+        runner: str = typer.Option("thread", "--runner", help="task runner for the simulation fan-out: thread "
+                                   "(Prefect threads + a local process pool) or ray (needs pip install '.\\[ray]')"),
+        workers: int = typer.Option(None, "--workers", help="compute processes for simulation units (default: "
+                                    "all cores)"),
+        experiments: str = typer.Option(None, "--experiments", help="comma-separated subset of E1..E8 "
+                                        "(default: all)"),
+        seeds: str = typer.Option(None, "--seeds", help="comma-separated seeds for the matrix and the detector "
+                                  "comparison (default: 42,123 quick, the configs' five otherwise)"),
+        no_detectors: bool = typer.Option(False, "--no-detectors", help="skip the detector comparison"),
+        no_job: bool = typer.Option(False, "--no-job", help="skip the RLHF job and its checkpoint evaluation"),
+        job_steps: int = typer.Option(None, "--job-steps", help="PPO steps of the nightly's RLHF job "
+                                      "(default: 24 quick, 60 full)"),
+        canaries: str = typer.Option(None, "--canaries", help="comma-separated canaries to run, or 'none' "
+                                     "(default: all: control, frozen_sync, constant_reward, oversized_lr, "
+                                     "gameable_reward)"),
+        fail_rate: float = typer.Option(0.0, "--fail-rate", help="inject transient failures into this share of "
+                                        "task attempts (chaos test of the retries), 0..0.9"),
+        out: Path = typer.Option(Path("results/nightly"), "--out", help="output directory"),
+        cache_dir: str = typer.Option("runs/.cache", "--cache-dir", help="base-policy / reward-model cache"),
+        verbose: bool = typer.Option(False, "--verbose", help="show Prefect's own log lines (task states)"),
+    ) -> None:
+        """Run the nightly sweep flow locally: E1-E8 simulation matrix, detector comparison, a real RLHF job
+        (best checkpoint registered and re-evaluated), health canaries, and tonight-vs-last-night. Writes
+        OUT/report.md and MLflow runs (sqlite:///mlflow.db unless MLFLOW_TRACKING_URI is set)."""
+        t_process = time.time()
+        from rlhfops.commands.simulate import parse_seeds
+
+        seed_list = parse_seeds(seeds)
+        if not 0.0 <= fail_rate <= 0.9:
+            raise BadInput("--fail-rate: must be between 0 and 0.9")
+        if job_steps is not None and job_steps < 4:
+            raise BadInput("--job-steps: must be >= 4 (the job gates every 4 steps)")
+        prefect_env(verbose)
+        from infra.provision import check_runner
+
+        check_runner(runner)
+        server = start_prefect_api()
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from flows import progress as flow_progress
+        from infra import tracking as T
+        from rlhfops.console import make_console
+        from tasks.timing import clock
+
+        clock.reset()
+        console = make_console()
+        console.print(f"[dim]Prefect API: {os.environ.get('PREFECT_API_URL') or 'temporary local server (starting)'}"
+                      "[/dim]")
+        with clock.span("tracking"):
+            uri = T.init_store()
+        console.print(f"[dim]MLflow store: {uri}[/dim]")
+        from flows.nightly import nightly_sweep
+
+        server.join()
+        if server.error is not None:
+            console.print(f"[red]Prefect API not reachable[/red]: {server.error}")
+            raise typer.Exit(1)
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as bar:
+            flow_progress.install(flow_progress.RichReporter(bar, console))
+            try:
+                state = nightly_sweep(
+                    quick=quick, experiments=split_list(experiments), seeds=seed_list, detectors=not no_detectors,
+                    job=not no_job, job_steps=job_steps, canaries=split_list(canaries), runner=runner,
+                    workers=workers, out_dir=str(out), cache_dir=cache_dir, fail_rate=fail_rate,
+                    return_state=True)
+            finally:
+                flow_progress.install(None)
+        if state.is_failed():
+            try:
+                state.result()
+            except BadInput:
+                raise
+            except Exception as err:  # noqa: BLE001 - report the failure in one line, exit 1
+                console.print(f"[red]nightly failed[/red]: {type(err).__name__}: {err}")
+            raise typer.Exit(1)
+        res = state.result()
+        process = clock.breakdown(t_process, time.time())
+        T.log_metrics(res["run_id"], {"process_wall_s": process["wall_s"],
+                                      "process_orchestration_s": process["orchestration_s"],
+                                      "process_orchestration_frac": process["orchestration_frac"]})
+        print_summary(console, res, process, uri)
+
+
+def print_summary(console, res: dict, process: dict, uri: str) -> None:
+    from rich.table import Table
+
+    t = res["timing"]
+    table = Table(title="rlhfops nightly", title_justify="left", show_header=False)
+    table.add_column("what")
+    table.add_column("result")
+    m = res["matrix"]
+    table.add_row("scheduling matrix", f"{m['experiment'].nunique()} experiments, {len(m)} scheduler rows: "
+                  f"{res['out_dir']}/scheduling/<EXP>/summary.csv and plots")
+    job = res.get("job")
+    if isinstance(job, dict):
+        best = job.get("best") or {}
+        reg = job.get("registry") or {}
+        table.add_row("rlhf job", f"{job['state']} after {job['metrics']['steps']} steps; best checkpoint step "
+                      f"{best.get('step', '—')} (held-out {best.get('eval_score', float('nan')):+.3f}) registered "
+                      f"as models:/{reg.get('model', '—')}/{reg.get('version', '—')}")
+    elif job is not None:
+        table.add_row("rlhf job", f"[red]failed[/red]: {job}")
+    ev = res.get("evaluation")
+    if ev:
+        table.add_row("checkpoint gate", f"re-scored from the registry: {ev['eval_score']:+.3f} ± {ev['eval_se']:.3f}")
+    c = res.get("canaries")
+    if c is not None:
+        bad = list(c.loc[~c["ok"], "canary"])
+        table.add_row("canaries", f"{int(c['ok'].sum())}/{len(c)} ok" + (f" [red](failed: {', '.join(bad)})[/red]"
+                                                                        if bad else ""))
+    table.add_row("time", f"{process['wall_s']:.0f} s in all (flow {t['wall_s']:.0f} s); orchestration "
+                  f"{process['orchestration_s']:.1f} s = {100 * process['orchestration_frac']:.1f}% of the process "
+                  f"wall ({100 * t['orchestration_frac']:.1f}% of the flow's), MLflow {t['tracking_s']:.1f} s")
+    console.print(table)
+    db = uri.removeprefix("sqlite:///")
+    console.print("Where to look:")
+    console.print(f"  report      {res['out_dir']}/report.md  (or `rlhfops report`)")
+    console.print(f"  MLflow UI   mlflow ui --backend-store-uri {uri}   (store: {db})")
+    console.print("  Prefect UI  prefect server start, then rerun with PREFECT_API_URL=http://127.0.0.1:4200/api "
+                  "(this run used a temporary server)")

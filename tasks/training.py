@@ -1,0 +1,192 @@
+"""Prefect tasks around the trainer: start a worker, train under supervision, score and register checkpoints.
+
+The supervision loop is the platform's control path: every `StepRecord` the trainer yields goes through
+`eval.states.RunSupervisor` (alert catalog, run state machine, eval-gate detector, ledger, Prometheus
+metrics). The run continues while it is RUNNING or DEGRADED, pauses at a checkpoint when a paging alert
+with the `pause` action or the gate detector says so (PAUSED_BY_GATE: training stops, slots are freed, the
+best checkpoint is kept), and stops on an error (FAILED with the class `eval.attribution` assigns).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from pydantic import ValidationError
+
+from infra import tracking as T
+from rlhfops.errors import BadInput, describe_validation_error
+from tasks.retry import RETRIES, backoff, maybe_fail, retry_transient
+from tasks.timing import clock
+
+_RETRY = dict(retries=RETRIES, retry_delay_seconds=backoff(1.0), retry_jitter_factor=0.5,
+              retry_condition_fn=retry_transient, cache_policy=NO_CACHE)
+METRIC_FLUSH_STEPS = 25
+
+
+def _set(tree: dict, dotted: str, value: Any, source: str) -> None:
+    node = tree
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise BadInput(f"{source}: field '{dotted}': '{part}' is a value, not a section")
+        node = nxt
+    node[parts[-1]] = copy.deepcopy(value)
+
+
+def resolve_train_config(config: str | dict, overrides: dict[str, Any] | None = None, steps: int | None = None):
+    """A `TrainConfig` from a YAML path (or a mapping) plus dotted overrides, validated before anything is
+    provisioned; a wrong field raises BadInput naming it."""
+    from training.config import TrainConfig
+
+    if isinstance(config, dict):
+        raw, source = copy.deepcopy(config), "config"
+    else:
+        path = Path(config)
+        if not path.is_file():
+            raise BadInput(f"config: file '{path}' not found (pass a YAML path such as configs/ppo-tiny.yaml)")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise BadInput(f"config: '{path}' is not valid YAML ({str(err).splitlines()[0]})") from None
+        if not isinstance(raw, dict):
+            raise BadInput(f"config: '{path}' must hold a mapping of fields at the top level")
+        raw.setdefault("name", path.stem)
+        source = str(path)
+    for key, value in (overrides or {}).items():
+        _set(raw, key, value, source)
+    if steps is not None:
+        if steps < 1:
+            raise BadInput("steps: must be >= 1")
+        raw["steps"] = steps
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as err:
+        raise BadInput(describe_validation_error(err, source=source)) from None
+
+
+@task(name="start-worker", task_run_name="start worker {job}", **_RETRY)
+def start_worker(job: str, config, overlap: str, out_dir: str, fail_rate: float = 0.0, fault_seed: int = 0):
+    """Bring up the training worker: tokenizer, base policy, reference, proxy reward model, optimisers
+    (cached warm starts after the first job). Resumes from the newest checkpoint in `out_dir` if any."""
+    from training.trainer import Trainer
+
+    maybe_fail("worker-start", job, fail_rate, fault_seed)
+    with clock.span("work"):
+        return Trainer(config, overlap, out_dir, resume=True)
+
+
+@task(name="train", task_run_name="train {job}", cache_policy=NO_CACHE)
+def train_supervised(job: str, trainer, supervisor, run_id: str | None, steps: int | None = None,
+                     on_step=None) -> dict[str, Any]:
+    """Train, feeding every step to the supervisor; per-step metrics go to MLflow in batches. Returns the
+    decision (`completed`, `paused`, `failed`), the error if any and the records' flat dicts."""
+    from eval.states import RunState
+
+    records: list[dict] = []
+    pending: list[dict] = []
+    decision, error = "completed", None
+    t0 = time.time()
+    run = trainer.run(steps)
+    while True:
+        try:
+            with clock.span("work"):
+                rec = next(run, None)
+                if rec is None:
+                    break
+                supervisor.observe(rec)
+        except Exception as err:  # a training error ends the run; attribution decides whose fault it is
+            decision, error = "failed", err
+            break
+        flat = rec.flat()
+        records.append(flat)
+        pending.append(flat)
+        if on_step is not None:
+            on_step(rec, supervisor)
+        if run_id and len(pending) >= METRIC_FLUSH_STEPS:
+            with clock.span("tracking"):
+                T.log_step_records(run_id, pending)
+            pending = []
+        if supervisor.machine.state is RunState.PAUSED_BY_GATE:
+            decision = "paused"
+            break
+    run.close()
+    if run_id and pending:
+        with clock.span("tracking"):
+            T.log_step_records(run_id, pending)
+    return {"decision": decision, "error": error, "records": records, "wall_s": time.time() - t0}
+
+
+def step_of(checkpoint: str | Path) -> int:
+    """The step in a `checkpoints/step-NNNNNN` name (-1 for other names, e.g. a registry download)."""
+    m = re.fullmatch(r"step-(\d+)", Path(checkpoint).name)
+    return int(m.group(1)) if m else -1
+
+
+@task(name="score-checkpoints", task_run_name="score checkpoints {job}", **_RETRY)
+def score_checkpoints(job: str, checkpoints: list[str]) -> list[dict[str, Any]]:
+    """Gold (held-out) score of every saved checkpoint: the eval gate the best checkpoint is chosen by."""
+    from training.trainer import gold_eval
+
+    out = []
+    with clock.span("work"):
+        for ckpt in checkpoints:
+            g = gold_eval(ckpt)
+            out.append({"checkpoint": ckpt, "step": step_of(ckpt), "eval_score": g.mean,
+                        "eval_se": g.se, "n": g.n, "unparseable_rate": g.unparseable_rate})
+    return out
+
+
+def best_of(scores: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Highest held-out score; ties go to the earlier checkpoint (less optimisation pressure)."""
+    finite = [s for s in scores if math.isfinite(s["eval_score"])]
+    if not finite:
+        return None
+    return max(finite, key=lambda s: (s["eval_score"], -s["step"]))
+
+
+@task(name="register-checkpoint", task_run_name="register {model_name}", **_RETRY)
+def register_checkpoint(run_id: str, model_name: str, best: dict[str, Any], tenant: str, job: str,
+                        fail_rate: float = 0.0, fault_seed: int = 0) -> dict[str, Any]:
+    """Write the best checkpoint to the job's MLflow run (`best_checkpoint/`) and register it as a model
+    version tagged with its eval score; the `best` alias moves to it when it beats the current holder.
+    Idempotent: a version already registered for this run is returned, not made again."""
+    from mlflow.exceptions import MlflowException
+
+    c = T.client()
+    with clock.span("tracking"):
+        maybe_fail("checkpoint-write", f"{job}/{best['step']}", fail_rate, fault_seed)
+        c.log_artifacts(run_id, best["checkpoint"], artifact_path="best_checkpoint")
+        try:
+            c.create_registered_model(model_name, tags={"tenant": tenant},
+                                      description="Best held-out checkpoints of rlhf-job runs")
+        except MlflowException:
+            pass  # exists
+        found = c.search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
+        if found:
+            mv = found[0]
+        else:
+            source = f"{c.get_run(run_id).info.artifact_uri}/best_checkpoint"
+            tags = {"eval_score": f"{best['eval_score']:.6f}", "eval_se": f"{best['eval_se']:.6f}",
+                    "step": str(best["step"]), "tenant": tenant, "job": job}
+            mv = c.create_model_version(model_name, source, run_id=run_id, tags=tags,
+                                        description=f"{job}: step {best['step']}, held-out score "
+                                                    f"{best['eval_score']:.4f} ± {best['eval_se']:.4f}")
+        moved = False
+        try:
+            holder = c.get_model_version_by_alias(model_name, "best")
+            holder_score = float(holder.tags.get("eval_score", "-inf"))
+        except MlflowException:
+            holder, holder_score = None, -math.inf
+        if holder is None or best["eval_score"] > holder_score:
+            c.set_registered_model_alias(model_name, "best", mv.version)
+            moved = True
+    return {"model": model_name, "version": int(mv.version), "alias_best": moved, "source": mv.source}
