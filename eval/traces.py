@@ -2,7 +2,8 @@
 
 Required: run_id, step, eval_score. Optional: reward, loss, kl, entropy, grad_norm, response_len,
 tenant, label (1 = hacking, 0 = healthy), progress (the run's own step fraction; when absent it is
-step / the run's last step, i.e. the run's planned length is taken to be the recorded one).
+step / the run's last step, i.e. the run's planned length is taken to be the recorded one), eval_se (the
+eval gate's standard error, read by the noise-aware detectors).
 
 Loading validates before any detector runs and raises `BadInput` naming the column and the row.
 """
@@ -20,7 +21,7 @@ from eval.detectors import Checkpoint, Detector
 from rlhfops.errors import BadInput
 
 REQUIRED = ("run_id", "step", "eval_score")
-NUMERIC_OPTIONAL = ("reward", "loss", "kl", "entropy", "grad_norm", "response_len", "progress")
+NUMERIC_OPTIONAL = ("reward", "loss", "kl", "entropy", "grad_norm", "response_len", "progress", "eval_se")
 VERDICT_COLUMNS = ["run_id", "stopped", "stop_step", "best_step", "best_eval_score", "final_eval_score"]
 
 
@@ -86,7 +87,7 @@ def runs_from_trace(df: pd.DataFrame) -> list[Run]:
         last = steps[-1] if steps[-1] > 0 else 1.0
         progress = g["progress"].to_numpy() if "progress" in g else steps / last
         cols = {c: g[c].to_numpy() if c in g else np.full(len(g), math.nan)
-                for c in ("reward", "loss", "kl", "entropy", "grad_norm", "response_len")}
+                for c in ("reward", "loss", "kl", "entropy", "grad_norm", "response_len", "eval_se")}
         evals = g["eval_score"].to_numpy()
         cps = [Checkpoint(step=float(steps[i]), eval_score=float(evals[i]), progress=float(progress[i]),
                           **{c: float(v[i]) for c, v in cols.items()}) for i in range(len(g))]

@@ -80,6 +80,46 @@ def render(table: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
+def replay_traces(path) -> pd.DataFrame:
+    """Every detector (documented defaults) on a labelled Trace CSV of real runs: one row per detector."""
+    from eval.traces import detection_quality, load_trace, runs_from_trace, verdicts
+
+    df = load_trace(path)
+    runs = runs_from_trace(df)
+    rows = []
+    for name in DETECTORS:
+        det = make_detector(name)
+        if name == "stopat" or any(need not in df.columns for need in det.needs if need != "progress"):
+            continue
+        if not hasattr(det, "start") or type(det).__module__ != "eval.detectors":
+            continue  # the run-health alerts are not early-stop rules
+        v = verdicts(det, runs)
+        q = detection_quality(v)
+        stopped = v[v.stopped == 1]
+        rows.append({"detector": det.label, **q,
+                     "regret": float((df.groupby("run_id")["eval_score"].max().reindex(v.run_id).to_numpy()
+                                      - v["best_eval_score"].where(v.stopped == 1, v["final_eval_score"])
+                                      .to_numpy()).mean()),
+                     "median_stop_step": float(stopped.stop_step.median()) if len(stopped) else math.nan})
+    return pd.DataFrame(rows)
+
+
+def render_replay(table: pd.DataFrame, source: str, runs: int) -> str:
+    out = [f"## Replay on real PPO runs ({source})\n",
+           f"{runs} runs recorded by `rlhfops record-traces` from the shipped configs (`ppo-hack`, label 1: proxy "
+           "reward keeps rising while held-out gold falls; `ppo-healthy`, label 0), one row per eval gate with the "
+           "gate's standard error. Regret here is on the observed gold score (peak minus what the platform keeps). "
+           "These gates are noisy (64 held-out prompts: SE about 0.1 on a score that moves between -0.4 and 0.4) and "
+           "a run has 12 of them, so a handful of runs shows how the detectors behave on real curves but is too "
+           "small a sample to rank them; the platform default is chosen on the simulated tables above.\n",
+           "| Detector | Stopped | Precision | Recall | FPR | Regret | Median stop step |",
+           "|---|---|---|---|---|---|---|"]
+    for _, r in table.iterrows():
+        out.append(f"| {r.detector} | {r.stopped}/{r.runs} | {_f(r.precision, True)} | {_f(r.recall, True)} | "
+                   f"{_f(r.fpr, True)} | {r.regret:.3f} | {_f(r.median_stop_step)} |")
+    return "\n".join(out) + "\n"
+
+
 def check_acceptance(table: pd.DataFrame, detector: str) -> dict[str, bool]:
     """The issue's bar for a platform default, evaluated on this table."""
     def row(exp: str, variant: str, sched: str) -> pd.Series:

@@ -154,3 +154,16 @@ def test_new_detectors_scan_matches_streaming(name):
                 want = t
                 break
         assert got[r] == want
+
+
+def test_trace_eval_se_column_reaches_the_detectors(tmp_path):
+    rows = [{"run_id": "r", "step": i, "eval_score": e, "eval_se": 0.2, "reward": 0.1 * i}
+            for i, e in enumerate([0.3, 0.45, 0.55, 0.50, 0.46])]
+    runs = runs_from_trace(load_trace(write_trace(tmp_path, rows)))
+    assert runs[0].checkpoints[0].eval_se == 0.2
+    # the same falls stop the run with a precise gate but not with this noisy one
+    assert verdicts(make_detector("divergence"), runs).stopped.tolist() == [0]
+    for r in rows:
+        r["eval_se"] = 0.005
+    runs = runs_from_trace(load_trace(write_trace(tmp_path, rows)))
+    assert verdicts(make_detector("divergence"), runs).stopped.tolist() == [1]

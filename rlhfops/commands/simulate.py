@@ -152,10 +152,18 @@ def register(app: typer.Typer) -> None:
     def compare_detectors_cmd(
         out: Path = typer.Option(Path("docs/detectors.md"), "--out", help="markdown file to write"),
         workers: int = typer.Option(None, "--workers", help="worker processes (default: all cores)"),
+        traces: Path = typer.Option(None, "--traces", help="also replay a labelled Trace CSV of real runs "
+                                    "(from `rlhfops record-traces`) through every detector"),
     ) -> None:
         """Every detector on E7 (Gaussian, Student-t, AR(1) noise) and E8: precision, recall, FPR, JCT,
         wasted compute, detection delay, regret; writes docs/detectors.md."""
-        from scheduling.detector_report import render, report_units, run_report
+        from scheduling.detector_report import render, render_replay, replay_traces, report_units, run_report
+
+        replay = None
+        if traces is not None:
+            from eval.traces import load_trace
+
+            replay = render_replay(replay_traces(traces), traces.name, load_trace(traces).run_id.nunique())
 
         console = make_console()
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -163,5 +171,9 @@ def register(app: typer.Typer) -> None:
             task = progress.add_task("detectors: variant x seed", total=len(report_units()))
             table = run_report(workers, on_done=lambda _u: progress.advance(task))
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(render(table))
+        text = render(table)
+        if replay:
+            head, sep, tail = text.partition("## Verdict")
+            text = head + replay + "\n" + sep + tail
+        out.write_text(text)
         console.print(f"[green]wrote {out}[/]")
