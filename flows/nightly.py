@@ -1,7 +1,7 @@
 """`nightly_sweep`: the scheduling matrix, the detector comparison, a real RLHF job (best checkpoint
-registered, then re-scored by `evaluate_checkpoint`), the health canaries, and a report comparing tonight
-with the last nightly (Prefect markdown artifact + MLflow). Every stage runs for real; `quick` shrinks
-seeds and steps, never swaps a stage for a stand-in."""
+registered, then re-scored by `evaluate_checkpoint`), the health canaries, a live platform round, and a
+report comparing tonight with the last nightly (Prefect markdown artifact + MLflow). Every stage runs for
+real; `quick` shrinks seeds and steps, never swaps a stage for a stand-in."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows import progress
 from flows.evaluate import evaluate_checkpoint
+from flows.platform import platform_round
 from flows.rlhf_job import rlhf_job
 from flows.simulate import run_units_as_tasks, scheduling_experiment, with_runner
 from infra import tracking as T
@@ -89,6 +90,9 @@ def nightly_sweep(
     job_overrides: dict[str, Any] | None = None,
     canaries: list[str] | None = None,
     canary_steps: int | None = None,
+    platform: bool = True,
+    platform_steps: int | None = None,
+    platform_jobs: list[dict[str, Any]] | None = None,
     runner: str = "thread",
     workers: int | None = None,
     out_dir: str = "results/nightly",
@@ -130,6 +134,7 @@ def nightly_sweep(
         "nightly", f"nightly {time.strftime('%Y-%m-%d %H:%M')}", mlflow_experiment, tenant="platform",
         params={"quick": quick, "experiments": ",".join(exps), "seeds": ",".join(map(str, seeds)),
                 "runner": runner, "job_steps": steps if job else 0, "canaries": ",".join(canary_names),
+                "platform": platform,
                 "fail_rate": fail_rate},
         fail_rate=fail_rate, fault_seed=fault_seed)
     stages: dict[str, float] = {}
@@ -218,7 +223,16 @@ def nightly_sweep(
             results["canaries"] = canary_df
             stages["canaries_s"] = time.time() - t0
 
-        # 5. tonight vs the last nightly
+        # 5. a live multi-tenant platform round on a fixed slot pool
+        if platform:
+            t0 = time.time()
+            pr = platform_round(jobs=platform_jobs, steps=platform_steps or (12 if quick else 24), slots=2,
+                                out_dir=str(out / "platform"), cache_dir=cache_dir, retry_delay_s=retry_delay_s,
+                                mlflow_experiment=mlflow_experiment, parent_run_id=run_id)
+            results["platform"] = pr
+            stages["platform_s"] = time.time() - t0
+
+        # 6. tonight vs the last nightly
         t0 = time.time()
         rep = T.nightly_report(mlflow_experiment, tonight_id=run_id)
         report_md = T.report_markdown(rep)

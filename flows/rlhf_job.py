@@ -36,6 +36,15 @@ class JobFailed(RuntimeError):
     """The job ended FAILED(class): the flow run fails too, after everything was recorded."""
 
 
+def fresh_run_dir(out: Path) -> None:
+    """Start a job over in `out`: the trainer resumes from any checkpoint it finds there."""
+    import shutil
+
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    for name in ("metrics.csv", "summary.json", "scores.json", "ledger.csv"):
+        (out / name).unlink(missing_ok=True)
+
+
 def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     out = {}
     for k, v in tree.items():
@@ -90,6 +99,7 @@ def rlhf_job(
     prices: str | None = None,
     out_dir: str | None = None,
     registered_model: str | None = None,
+    resume: bool = False,
     fail_rate: float = 0.0,
     fault_seed: int = 0,
     retry_delay_s: float = 1.0,
@@ -101,7 +111,8 @@ def rlhf_job(
 
     `config`: a PPO YAML (configs/ppo-*.yaml); `overrides`: dotted fields, e.g. {"ppo.kl_coef": 0.01}.
     `detector`: the eval-gate early-stop detector (eval/detectors.py). `registered_model` defaults to
-    `<tenant>-policy`."""
+    `<tenant>-policy`. `resume`: continue from the newest checkpoint in `out_dir` (else start fresh there; a
+    retried worker start within this flow run always resumes)."""
     from eval.detectors import make_detector
     from eval.states import RunState, RunSupervisor
     from infra.metrics import PlatformMetrics
@@ -110,6 +121,8 @@ def rlhf_job(
                                         alerts, alert_profile, prices)
     job = f"{tenant}/{name}"
     out = Path(out_dir or Path("runs") / "jobs" / tenant / name)
+    if not resume:
+        fresh_run_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     resolved = cfg.model_dump(mode="json")
     (out / "config.resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))

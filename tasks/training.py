@@ -87,8 +87,10 @@ def start_worker(job: str, config, overlap: str, out_dir: str, fail_rate: float 
 @task(name="train", task_run_name="train {job}", cache_policy=NO_CACHE)
 def train_supervised(job: str, trainer, supervisor, run_id: str | None, steps: int | None = None,
                      on_step=None) -> dict[str, Any]:
-    """Train, feeding every step to the supervisor; per-step metrics go to MLflow in batches. Returns the
-    decision (`completed`, `paused`, `failed`), the error if any and the records' flat dicts."""
+    """Train, feeding every step to the supervisor; per-step metrics go to MLflow in batches. `on_step(record,
+    supervisor)` may return True to stop the job (the platform's scheduler stopping it). Returns the decision
+    (`completed`, `paused` by the supervisor, `stopped` by the scheduler, `failed`), the error if any and the
+    records' flat dicts."""
     from eval.states import RunState
 
     records: list[dict] = []
@@ -109,8 +111,9 @@ def train_supervised(job: str, trainer, supervisor, run_id: str | None, steps: i
         flat = rec.flat()
         records.append(flat)
         pending.append(flat)
-        if on_step is not None:
-            on_step(rec, supervisor)
+        if on_step is not None and on_step(rec, supervisor):
+            decision = "stopped"
+            break
         if run_id and len(pending) >= METRIC_FLUSH_STEPS:
             with clock.span("tracking"):
                 T.log_step_records(run_id, pending)

@@ -158,7 +158,9 @@ def test_nightly_quick_end_to_end_mlflow_contents(prefect_server, mlflow_store, 
     import flows.nightly as N
 
     state = N.nightly_sweep(quick=True, experiments=["E1", "E2"], seeds=[42], detectors=False, job_steps=8,
-                            job_overrides=TINY_JOB, canaries=["control"], canary_steps=10,
+                            job_overrides=TINY_JOB, canaries=["control"], canary_steps=10, platform_steps=6,
+                            platform_jobs=[{"tenant": "globex", "name": "a", "overrides": TINY_JOB},
+                                           {"tenant": "initech", "name": "b", "overrides": TINY_JOB}],
                             out_dir=str(tmp_path / "n1"), cache_dir=str(tmp_path / "cache"), workers=1,
                             return_state=True)
     assert state.is_completed(), state.message
@@ -193,6 +195,12 @@ def test_nightly_quick_end_to_end_mlflow_contents(prefect_server, mlflow_store, 
     assert float(mv.tags["eval_score"]) == pytest.approx(j["metrics.best_eval"], abs=1e-5)
     ev = _runs("evaluation")
     assert len(ev) == 1 and ev.iloc[0]["metrics.eval_score"] == pytest.approx(j["metrics.best_eval"], abs=1e-5)
+    platform = _runs("platform")
+    assert len(platform) == 1 and platform.iloc[0][f"tags.{T.PARENT_TAG}"] == n.run_id
+    pjobs = _runs("platform_job")
+    assert sorted(pjobs[f"tags.{T.TENANT_TAG}"]) == ["globex", "initech"]
+    assert set(pjobs[f"tags.{T.PARENT_TAG}"]) == {platform.iloc[0].run_id} and (pjobs["metrics.cost_usd"] > 0).all()
+    assert platform.iloc[0]["tags.slots_backend"] == "prefect"  # the slots were a Prefect global limit
     canary = _runs("canary")
     assert list(canary["tags.mlflow.runName"]) == ["canary control"]
     assert {"report.md", "timing.json", "summary.csv"} <= {a.path for a in T.client().list_artifacts(n.run_id)}
@@ -203,11 +211,13 @@ def test_nightly_quick_end_to_end_mlflow_contents(prefect_server, mlflow_store, 
 
     # a second night (simulation only): the report now compares it with the first
     state2 = N.nightly_sweep(quick=True, experiments=["E2"], seeds=[42], detectors=False, job=False, canaries=[],
-                             out_dir=str(tmp_path / "n2"), workers=1, return_state=True)
+                             platform=False, out_dir=str(tmp_path / "n2"), workers=1, return_state=True)
     assert state2.is_completed(), state2.message
     rep = T.nightly_report(tonight_id=state2.result()["run_id"])
     assert rep["last"].run_id == n.run_id
     s = rep["schedulers"]
     e2 = s[(s.experiment == "E2") & (s.metric == "jct_mean")]
     assert len(e2) and (e2["delta"].abs() < 1e-9).all()  # same seed, same simulator: no change
-    assert ("acme" in set(rep["tenants"]["tenant"])) and rep["tenants"]["tonight"].isna().any()
+    tenants = rep["tenants"]
+    assert {"acme", "globex", "initech"} <= set(tenants["tenant"])  # last night's tenants, none tonight
+    assert tenants[tenants.metric == "cost_usd"]["tonight"].isna().all()

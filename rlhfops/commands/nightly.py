@@ -64,6 +64,7 @@ def register(app: typer.Typer) -> None:
                                   "comparison (default: 42,123 quick, the configs' five otherwise)"),
         no_detectors: bool = typer.Option(False, "--no-detectors", help="skip the detector comparison"),
         no_job: bool = typer.Option(False, "--no-job", help="skip the RLHF job and its checkpoint evaluation"),
+        no_platform: bool = typer.Option(False, "--no-platform", help="skip the live multi-tenant platform round"),
         job_steps: int = typer.Option(None, "--job-steps", help="PPO steps of the nightly's RLHF job "
                                       "(default: 24 quick, 60 full)"),
         canaries: str = typer.Option(None, "--canaries", help="comma-separated canaries to run, or 'none' "
@@ -76,7 +77,8 @@ def register(app: typer.Typer) -> None:
         verbose: bool = typer.Option(False, "--verbose", help="show Prefect's own log lines (task states)"),
     ) -> None:
         """Run the nightly sweep flow locally: E1-E8 simulation matrix, detector comparison, a real RLHF job
-        (best checkpoint registered and re-evaluated), health canaries, and tonight-vs-last-night. Writes
+        (best checkpoint registered and re-evaluated), health canaries, a live platform round, and
+        tonight-vs-last-night. Writes
         OUT/report.md and MLflow runs (sqlite:///mlflow.db unless MLFLOW_TRACKING_URI is set)."""
         t_process = time.time()
         from rlhfops.commands.simulate import parse_seeds
@@ -91,6 +93,7 @@ def register(app: typer.Typer) -> None:
 
         check_runner(runner)
         server = start_prefect_api()
+        import transformers
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from flows import progress as flow_progress
@@ -98,6 +101,7 @@ def register(app: typer.Typer) -> None:
         from rlhfops.console import make_console
         from tasks.timing import clock
 
+        transformers.logging.set_verbosity_error()  # checkpoint loads report tied lm_head weights as missing
         clock.reset()
         console = make_console()
         console.print(f"[dim]Prefect API: {os.environ.get('PREFECT_API_URL') or 'temporary local server (starting)'}"
@@ -117,7 +121,8 @@ def register(app: typer.Typer) -> None:
             try:
                 state = nightly_sweep(
                     quick=quick, experiments=split_list(experiments), seeds=seed_list, detectors=not no_detectors,
-                    job=not no_job, job_steps=job_steps, canaries=split_list(canaries), runner=runner,
+                    job=not no_job, job_steps=job_steps, canaries=split_list(canaries), platform=not no_platform,
+                    runner=runner,
                     workers=workers, out_dir=str(out), cache_dir=cache_dir, fail_rate=fail_rate,
                     return_state=True)
             finally:
@@ -157,6 +162,12 @@ def print_summary(console, res: dict, process: dict, uri: str) -> None:
                       f"as models:/{reg.get('model', '—')}/{reg.get('version', '—')}")
     elif job is not None:
         table.add_row("rlhf job", f"[red]failed[/red]: {job}")
+    pf = res.get("platform")
+    if pf:
+        jobs = pf["jobs"]
+        table.add_row("platform round", f"{len(jobs)} tenant jobs on {pf['slots']}: "
+                      f"{int((jobs.decision == 'stopped').sum())} stopped by the scheduler, makespan "
+                      f"{pf['metrics']['makespan_s']:.0f} s (results/…/platform/jobs.csv)")
     ev = res.get("evaluation")
     if ev:
         table.add_row("checkpoint gate", f"re-scored from the registry: {ev['eval_score']:+.3f} ± {ev['eval_se']:.3f}")

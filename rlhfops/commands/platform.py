@@ -1,0 +1,84 @@
+"""`rlhfops platform`: a live multi-tenant round (real small PPO jobs on a fixed pool of worker slots, placed and
+stopped by the same scheduler objects as the simulator), recorded in MLflow."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from rlhfops.errors import BadInput
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("platform")
+    def platform_cmd(
+        scheduler: str = typer.Option("Divergence+SRTF", "--scheduler", help="the simulator's scheduler names: "
+                                      "a base (FIFO, SJF-Est, SRTF-Est, LossAware, EvalSched) optionally wrapped by "
+                                      "an early-stop detector, e.g. Divergence+SRTF, EvalStop(k=3)+SJF"),
+        slots: int = typer.Option(2, "--slots", help="GPU worker slots in the pool (a Prefect global concurrency "
+                                  "limit; jobs hold theirs while they train)"),
+        steps: int = typer.Option(16, "--steps", help="PPO steps per job (the 'short' job runs half)"),
+        jobs: Path = typer.Option(None, "--jobs", help="JSON list of jobs [{tenant, name, overrides, gpus, "
+                                  "steps_factor}] (default: five tenants, one job each)"),
+        out: Path = typer.Option(Path("results/platform"), "--out", help="output directory"),
+        cache_dir: str = typer.Option("runs/.cache", "--cache-dir", help="base-policy / reward-model cache"),
+        verbose: bool = typer.Option(False, "--verbose", help="show Prefect's own log lines"),
+    ) -> None:
+        """Run one live round: tenants' PPO jobs queued at once, placed on --slots worker slots by --scheduler
+        (which may also stop them at their eval gates); prints per-job and per-tenant results."""
+        from rlhfops.commands.nightly import prefect_env
+
+        if slots < 1:
+            raise BadInput("--slots: must be >= 1")
+        if steps < 4:
+            raise BadInput("--steps: must be >= 4")
+        job_list = None
+        if jobs is not None:
+            try:
+                job_list = json.loads(jobs.read_text())
+            except (OSError, json.JSONDecodeError) as err:
+                raise BadInput(f"--jobs: cannot read a JSON list from '{jobs}' ({err})") from None
+            if not isinstance(job_list, list):
+                raise BadInput("--jobs: the file must hold a JSON list of job objects")
+        prefect_env(verbose)
+        import transformers
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.table import Table
+
+        from flows import progress as flow_progress
+        from flows.platform import platform_round
+        from infra import tracking as T
+        from rlhfops.console import make_console
+
+        transformers.logging.set_verbosity_error()
+        console = make_console()
+        uri = T.init_store()
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console) as bar:
+            flow_progress.install(flow_progress.RichReporter(bar, console))
+            try:
+                state = platform_round(jobs=job_list, scheduler=scheduler, slots=slots, steps=steps, out_dir=str(out),
+                                       cache_dir=cache_dir, return_state=True)
+            finally:
+                flow_progress.install(None)
+        if state.is_failed():
+            try:
+                state.result()
+            except BadInput:
+                raise
+            except Exception as err:  # noqa: BLE001
+                console.print(f"[red]platform round failed[/red]: {type(err).__name__}: {err}")
+            raise typer.Exit(1)
+        res = state.result()
+        df = res["jobs"].sort_values("start_order")
+        table = Table(title=f"platform round: {scheduler}, {res['slots']}", title_justify="left")
+        for col in ("start", "tenant", "job", "decision", "state", "steps", "best step", "best held-out", "JCT (s)",
+                    "cost (USD)"):
+            table.add_column(col)
+        for _, r in df.iterrows():
+            table.add_row(str(r.start_order + 1), r.tenant, r.job, r.decision, r.state, str(int(r.steps)),
+                          str(r.best_step), f"{r.best_eval:+.3f}", f"{r.jct_s:.1f}", f"{r.cost_usd:.6f}")
+        console.print(table)
+        console.print(f"results: {out}/jobs.csv, {out}/ledger.csv; MLflow: mlflow ui --backend-store-uri {uri}")
