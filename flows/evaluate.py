@@ -11,6 +11,7 @@ from prefect import flow
 from infra import tracking as T
 from rlhfops.errors import BadInput
 from tasks.retry import backoff
+from tasks.timing import clock
 from tasks.tracking import close_parent, open_parent
 from tasks.training import score_checkpoints
 
@@ -22,7 +23,8 @@ def _resolve_checkpoint(checkpoint: str) -> Path:
 
         T.init_store()
         try:
-            local = mlflow.artifacts.download_artifacts(checkpoint)
+            with clock.span("tracking"):
+                local = mlflow.artifacts.download_artifacts(checkpoint)
         except Exception as err:  # noqa: BLE001 - unknown model or alias
             raise BadInput(f"checkpoint: cannot resolve '{checkpoint}' in the registry ({err})") from None
         return Path(local)

@@ -29,6 +29,7 @@ from infra import tracking as T
 from infra.provision import gpu_slots, task_runner
 from rlhfops.errors import BadInput
 from tasks.retry import backoff
+from tasks.timing import clock
 from tasks.tracking import close_parent, flow_context, open_parent
 from tasks.training import best_of, resolve_train_config, score_checkpoints, start_worker, train_supervised
 
@@ -64,8 +65,9 @@ def platform_job(spec: dict[str, Any], cfg, view, policy, lock: threading.Lock, 
     job = f"{spec['tenant']}/{spec['name']}"
     out = Path(ctx["out_dir"]) / spec["tenant"] / spec["name"]
     fresh_run_dir(out)
-    run_id, _ = T.open_run(f"{ctx['flow_run_id']}/{job}", job, ctx["mlflow_experiment"], ctx["parent_run_id"],
-                           tags={T.KIND_TAG: "platform_job", T.TENANT_TAG: spec["tenant"]})
+    with clock.span("tracking"):
+        run_id, _ = T.open_run(f"{ctx['flow_run_id']}/{job}", job, ctx["mlflow_experiment"], ctx["parent_run_id"],
+                               tags={T.KIND_TAG: "platform_job", T.TENANT_TAG: spec["tenant"]})
     sup = RunSupervisor(run_id, spec["tenant"], ctx["catalog"].start(tenant=spec["tenant"]), ledger=ctx["ledger"],
                         gpu_kind=ctx["gpu_kind"], n_gpus=spec["gpus"])
     started = time.time()
@@ -98,12 +100,13 @@ def platform_job(spec: dict[str, Any], cfg, view, policy, lock: threading.Lock, 
                "tokens_generated": totals.tokens_generated if totals else 0,
                "best_eval": best["eval_score"] if best else float("nan"),
                "jct_s": finished - ctx["round_start"], "run_s": finished - started}
-    T.log_metrics(run_id, metrics)
-    T.set_tags(run_id, {"run_state": status.label, "decision": result["decision"],
-                        "alerts": json.dumps([e.alert for e in sup.events]),
-                        "failure_class": status.failure.value if status.failure else "",
-                        "best_checkpoint": best["checkpoint"] if best else ""})
-    T.finish(run_id, "FAILED" if status.failure else "FINISHED")
+    with clock.span("tracking"):
+        T.log_metrics(run_id, metrics)
+        T.set_tags(run_id, {"run_state": status.label, "decision": result["decision"],
+                            "alerts": json.dumps([e.alert for e in sup.events]),
+                            "failure_class": status.failure.value if status.failure else "",
+                            "best_checkpoint": best["checkpoint"] if best else ""})
+        T.finish(run_id, "FAILED" if status.failure else "FINISHED")
     return {"tenant": spec["tenant"], "job": spec["name"], "gpus": spec["gpus"], "decision": result["decision"],
             "state": status.label, "alerts": ",".join(e.alert for e in sup.events),
             "stopped_at": view.attained if result["decision"] == "stopped" else None,

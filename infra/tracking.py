@@ -310,6 +310,7 @@ def nightly_report(experiment: str = DEFAULT_EXPERIMENT, tonight_id: str | None 
     sched = compare(scheduler_table(tonight.run_id, all_runs),
                     scheduler_table(last.run_id, all_runs) if last is not None else None,
                     ["experiment", "variant", "scheduler"])
+    sched = sched.sort_values(["experiment", "variant", "scheduler"], kind="stable", ignore_index=True)
     ten = compare(tenant_table(tonight.run_id, all_runs),
                   tenant_table(last.run_id, all_runs) if last is not None else None, ["tenant"])
     return {"tonight": tonight, "last": last, "schedulers": sched, "tenants": ten}

@@ -209,3 +209,32 @@ def test_prefect_yaml_declares_the_four_deployments():
         flow_obj = getattr(mod, func)
         # every declared parameter is one the flow accepts
         assert set(d.get("parameters", {})) <= set(flow_obj.parameters.properties), d["name"]
+
+
+def test_report_command_prints_the_comparison(store, tmp_path):
+    from typer.testing import CliRunner
+
+    from rlhfops.cli import app
+
+    _nightly("cli-report", "mon", {"EvalStop(k=3)+SJF": 100.0}, cost=1.0)
+    time.sleep(0.01)
+    _nightly("cli-report", "tue", {"EvalStop(k=3)+SJF": 80.0}, cost=2.0)
+    out = tmp_path / "report.md"
+    res = CliRunner().invoke(app, ["report", "--mlflow-experiment", "cli-report", "--metrics", "jct_mean",
+                                   "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "EvalStop(k=3)+SJF" in res.output and "80 / 100 / -20" in res.output
+    assert "| acme | cost_usd | 2 | 1 | 1 |" in out.read_text()
+    bad = CliRunner().invoke(app, ["report", "--metrics", "jct"])
+    assert bad.exit_code != 0 and isinstance(bad.exception, BadInput)
+
+
+def test_nightly_command_rejects_bad_arguments_before_starting_anything():
+    from typer.testing import CliRunner
+
+    from rlhfops.cli import app
+
+    for args, needle in ((["--seeds", "4x"], "--seeds"), (["--fail-rate", "1.5"], "--fail-rate"),
+                         (["--runner", "dask"], "--runner")):
+        res = CliRunner().invoke(app, ["nightly", *args])
+        assert isinstance(res.exception, BadInput) and needle in str(res.exception), args
