@@ -18,7 +18,9 @@ app = typer.Typer(
 )
 
 # Modules under rlhfops/commands that define `register(app)`. Order is the order in --help.
-COMMAND_MODULES: list[str] = ["simulate", "detect", "health", "bench", "train", "canary", "nightly", "report", "traces", "platform"]
+COMMAND_MODULES: list[str] = [
+    "simulate", "detect", "health", "bench", "train", "canary", "nightly", "report", "traces", "platform",
+]
 
 
 
