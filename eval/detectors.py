@@ -234,6 +234,18 @@ def _se(cp: Checkpoint, fallback: float) -> float:
     return se if se == se and se > 0.0 else fallback
 
 
+def _normalised_change(monitor, cp: Checkpoint, fallback_se: float) -> float:
+    """Eval change since the monitor's previous checkpoint in units of the noise of a difference of two
+    evals (sqrt(2) SE); NaN for a missed eval or the first checkpoint. Updates `monitor.prev`."""
+    e = cp.eval_score
+    if e != e:
+        return NAN
+    prev, monitor.prev = monitor.prev, e
+    if prev != prev:
+        return NAN
+    return (e - prev) / (_se(cp, fallback_se) * math.sqrt(2.0))
+
+
 class _PatienceMonitor(Monitor):
     __slots__ = ("k", "z", "delta", "se", "evals")
 
@@ -281,15 +293,10 @@ class _CusumMonitor(Monitor):
         self.stat = 0.0
 
     def observe(self, cp: Checkpoint) -> bool:
-        e = cp.eval_score
-        if e != e:
+        change = _normalised_change(self, cp, self.se)
+        if change != change:
             return False
-        prev, self.prev = self.prev, e
-        if prev != prev:
-            return False
-        # decline of this step in units of the noise of a difference of two evals
-        fall = (prev - e) / (_se(cp, self.se) * math.sqrt(2.0))
-        self.stat = max(0.0, self.stat + fall - self.drift)
+        self.stat = max(0.0, self.stat - change - self.drift)
         return self.stat > self.h
 
 
@@ -338,13 +345,9 @@ class _BocpdMonitor(Monitor):
         return mean, kappa, alpha, beta
 
     def observe(self, cp: Checkpoint) -> bool:
-        e = cp.eval_score
-        if e != e:
+        x = _normalised_change(self, cp, self.det.se)
+        if x != x:
             return False
-        prev, self.prev = self.prev, e
-        if prev != prev:
-            return False
-        x = (e - prev) / (_se(cp, self.det.se) * math.sqrt(2.0))
         mean, kappa, alpha, beta = self._posterior(self.n, self.sx, self.sxx)
         scale = np.sqrt(beta * (kappa + 1.0) / (alpha * kappa))
         log_pred = stats.t.logpdf(x, df=2.0 * alpha, loc=mean, scale=scale)
