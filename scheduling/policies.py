@@ -22,6 +22,10 @@ INF = float("inf")
 class Policy:
     name: str = "policy"
     preemptive: bool = False
+    #: A running job's priority never gets worse at its own checkpoints (it reads only fixed fields and
+    #: attained service, and is non-increasing in service). The engine then need not re-rank running
+    #: jobs at every checkpoint. False is always safe.
+    rank_never_worsens: bool = False
 
     def priority(self, view: JobView) -> float:  # pragma: no cover - interface
         raise NotImplementedError
@@ -34,12 +38,20 @@ class Policy:
         """The job left the system; drop any per-job state."""
 
     @property
+    def stop_reads_history_only(self) -> bool:
+        """`on_checkpoint` decides from the job's fixed fields and checkpoint histories alone (never from
+        attained service, preemptions or the clock), so the engine may replay its verdicts for a job
+        ahead of time, one checkpoint at a time. True for policies that never stop a job."""
+        return type(self).on_checkpoint is Policy.on_checkpoint
+
+    @property
     def base(self) -> Policy:
         return self
 
 
 class FIFO(Policy):
     name = "FIFO"
+    rank_never_worsens = True
 
     def priority(self, view: JobView) -> float:
         return view.arrival
@@ -49,6 +61,7 @@ class SJFEst(Policy):
     """Non-preemptive shortest-job-first on the per-type duration estimate."""
 
     name = "SJF-Est"
+    rank_never_worsens = True
 
     def priority(self, view: JobView) -> float:
         return view.est_duration
@@ -59,6 +72,7 @@ class SRTFEst(Policy):
 
     name = "SRTF-Est"
     preemptive = True
+    rank_never_worsens = True  # the estimate minus attained service only falls as the job trains
 
     def priority(self, view: JobView) -> float:
         return view.est_remaining
@@ -105,6 +119,7 @@ class EarlyStop(Policy):
         self.detector = detector
         self.job_types = job_types
         self.preemptive = base.preemptive
+        self.rank_never_worsens = base.rank_never_worsens
         self.name = f"{detector.label}+{SHORT_BASE.get(base.name, base.name)}"
         self._monitors: dict[int, Monitor] = {}
         self.priority = base.priority  # delegate without an extra call layer (hot path)
@@ -114,6 +129,10 @@ class EarlyStop(Policy):
     @property
     def base(self) -> Policy:
         return self._base
+
+    @property
+    def stop_reads_history_only(self) -> bool:
+        return True  # the detector sees only the checkpoint series and the gate's standard error
 
     def on_checkpoint(self, view: JobView) -> bool:
         if self.job_types is not None and view.job_type not in self.job_types:

@@ -266,3 +266,52 @@ def test_platform_default_detector_clears_the_noise_bar():
     ours, es = base.loc[default], base.loc["EvalStop+SRTF"]
     assert ours.precision >= es.precision and ours.recall >= es.recall
     assert ours.jct_mean <= es.jct_mean and ours.wasted_frac <= es.wasted_frac
+
+
+class CountingSRTF(SRTFEst):
+    """SRTF-Est that counts how often the engine asks for a rank."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def priority(self, view: JobView) -> float:
+        self.calls += 1
+        return super().priority(view)
+
+
+@pytest.mark.parametrize("gpus", [24, 64, 256])
+def test_coalesced_checkpoints_give_exactly_the_per_checkpoint_results(gpus):
+    # Few GPUs: long queues, many preemptions, checkpoints caught up for eviction; many GPUs: no queue.
+    wl = generate(WorkloadConfig(jobs=400), 11)
+    specs = ["FIFO", "SJF-Est", "SRTF-Est", "EvalStop+SRTF", "StopAt0.65+SRTF", "LossPlateau+SRTF",
+             "Divergence+SRTF", "CUSUM+SJF", "EvalStop(k=1)+FIFO"]
+    for spec in specs:
+        fast = simulate(wl, parse_scheduler(spec), gpus)
+        ref = simulate(wl, parse_scheduler(spec), gpus, coalesce=False)
+        for field in ("end", "stopped", "stop_progress", "busy", "busy_at_useful", "first_useful", "best_eval",
+                      "best_index", "end_index", "final_eval", "saved_minutes", "preemptions"):
+            np.testing.assert_array_equal(getattr(fast, field), getattr(ref, field), err_msg=f"{spec}: {field}")
+        assert (fast.events, fast.makespan) == (ref.events, ref.makespan), spec
+    # the coalesced path really ran: running jobs were not re-ranked at every checkpoint
+    lazy, eager = CountingSRTF(), CountingSRTF()
+    simulate(wl, lazy, gpus)
+    simulate(wl, eager, gpus, coalesce=False)
+    assert lazy.calls < eager.calls
+    if gpus == 24:
+        assert simulate(wl, SRTFEst(), gpus).preemptions.sum() > 20  # the eviction path was exercised
+
+
+def test_policies_that_read_live_state_keep_one_event_per_checkpoint():
+    class StopWhenPreempted(Policy):
+        def priority(self, view: JobView) -> float:
+            return view.arrival
+
+        def on_checkpoint(self, view: JobView) -> bool:
+            return view.preemptions > 0  # reads scheduling state, not just the checkpoint series
+
+    assert not StopWhenPreempted().stop_reads_history_only
+    assert Policy().stop_reads_history_only  # never stops
+    assert parse_scheduler("EvalStop+SRTF").stop_reads_history_only
+    assert parse_scheduler("EvalStop+SRTF").rank_never_worsens
+    assert not parse_scheduler("EvalStop+LossAware").rank_never_worsens
+    assert not parse_scheduler("EvalSched").rank_never_worsens
