@@ -139,6 +139,21 @@ class EvalStop(Detector):
     def start(self) -> Monitor:
         return _EvalStopMonitor(self.k)
 
+    def scan(self, series: dict[str, np.ndarray]) -> np.ndarray:
+        """Vectorised over runs (the simulator plans a million runs at once); same answer as the monitor."""
+        evals = np.asarray(series["eval_score"], dtype=float)
+        runs, steps = evals.shape
+        out = np.full(runs, -1, dtype=np.int64)
+        prev = np.full(runs, -np.inf)
+        declines = np.zeros(runs, dtype=np.int64)
+        for t in range(steps):
+            score = evals[:, t]
+            seen = score == score  # a NaN (missed eval) leaves the state as it was
+            declines = np.where(seen, np.where(score < prev, declines + 1, 0), declines)
+            prev = np.where(seen, score, prev)
+            out[seen & (declines >= self.k) & (out < 0)] = t
+        return out
+
     def params(self) -> dict[str, Any]:
         return {"k": self.k}
 
@@ -171,6 +186,13 @@ class StopAt(Detector):
 
     def start(self) -> Monitor:
         return _StopAtMonitor(self.p)
+
+    def scan(self, series: dict[str, np.ndarray]) -> np.ndarray:
+        """Vectorised over runs; same answer as the monitor."""
+        if "progress" not in series:
+            return np.full(len(next(iter(series.values()))), -1, dtype=np.int64)
+        fires = np.asarray(series["progress"], dtype=float) >= self.p - 1e-9
+        return np.where(fires.any(axis=1), fires.argmax(axis=1), -1).astype(np.int64)
 
     def params(self) -> dict[str, Any]:
         return {"p": self.p}

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduling.jobview import JobView
+from scheduling.jobview import CheckpointSeries, JobView
 from scheduling.policies import Policy
 from scheduling.workload import JOB_TYPES, Workload
 
@@ -134,6 +134,15 @@ def simulate(
     final_eval = _filled("d", n, NAN)
     saved = _filled("d", n, 0.0)
 
+    plan = None
+    if lazy and not never_stops:
+        plan = policy.plan_stops(CheckpointSeries(
+            job_type=wl.job_type, cp_start=wl.cp_start, progress=wl.cp_progress, eval_score=wl.cp_eval,
+            loss=wl.cp_loss, reward=wl.cp_reward, eval_se=wl.eval_se), JOB_TYPES)
+    if plan is not None:
+        stop_k = _typed("q", plan)
+        end_k = _typed("q", np.where(plan >= 0, plan, wl.cp_start[1:] - 1))
+
     events: list[tuple[float, int, int]] = []  # (time, job, token)
     # waiting jobs: one heap per GPU demand -> (priority, job, version)
     sizes = sorted(set(wl.gpus.tolist()))
@@ -148,7 +157,8 @@ def simulate(
 
     def plan_stop(i: int) -> None:
         """Replay the policy's checkpoint verdicts for job i, one checkpoint at a time, on a view of
-        its own: the first checkpoint it would stop at (if any) is where the job will end."""
+        its own: the first checkpoint it would stop at (if any) is where the job will end. (For
+        policies without a batch `plan_stops`.)"""
         last = cp_start[i + 1] - 1
         end_k[i] = last
         if never_stops:
@@ -364,7 +374,7 @@ def simulate(
             v.eval_se = eval_se[i]
             views[i] = v
             next_k[i] = cp_start[i]
-            if lazy:
+            if lazy and plan is None:
                 plan_stop(i)
             prio[i] = priority(v)
             push_waiting(i)

@@ -10,6 +10,10 @@ silently cheating.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
 HIDDEN_FIELDS = frozenset(
     {"duration", "true_duration", "hacking", "label", "is_hacking", "peak_progress", "peak", "remaining",
      "true_remaining", "future_evals", "curve"}
@@ -65,3 +69,18 @@ class JobView:
     def __repr__(self) -> str:
         return (f"JobView(id={self.job_id}, type={self.job_type}, tenant={self.tenant}, gpus={self.gpus}, "
                 f"attained={self.attained:.1f}, progress={self.progress:.2f}, checkpoints={len(self.eval_history)})")
+
+
+@dataclass(frozen=True)
+class CheckpointSeries:
+    """The observable checkpoint data of many jobs at once (what their `JobView`s will have shown by
+    each checkpoint), for policies that plan their checkpoint verdicts in one batch. Flat layout: job i
+    owns checkpoints `cp_start[i]:cp_start[i+1]`. No hidden field (duration, label, noise-free eval)."""
+
+    job_type: np.ndarray  # int index into scheduling.workload.JOB_TYPES
+    cp_start: np.ndarray  # int64, length n+1
+    progress: np.ndarray
+    eval_score: np.ndarray
+    loss: np.ndarray
+    reward: np.ndarray
+    eval_se: np.ndarray  # per job

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from eval.detectors import Checkpoint, Detector, Monitor, make_detector
-from scheduling.jobview import JobView
+from scheduling.jobview import CheckpointSeries, JobView
 
 INF = float("inf")
 
@@ -36,6 +38,12 @@ class Policy:
 
     def forget(self, job_id: int) -> None:
         """The job left the system; drop any per-job state."""
+
+    def plan_stops(self, jobs: CheckpointSeries, job_types: tuple[str, ...]) -> np.ndarray | None:
+        """Batch form of `on_checkpoint` for a history-only policy: per job, the flat index of the first
+        checkpoint it would stop the job at, or -1. None: no batch form (the engine replays
+        `on_checkpoint` job by job). `job_types` names the type indices of `jobs.job_type`."""
+        return None
 
     @property
     def stop_reads_history_only(self) -> bool:
@@ -152,6 +160,50 @@ class EarlyStop(Policy):
 
     def forget(self, job_id: int) -> None:
         self._monitors.pop(job_id, None)
+
+    def plan_stops(self, jobs: CheckpointSeries, job_types: tuple[str, ...]) -> np.ndarray:
+        """Every in-scope job's checkpoint series through the detector, exactly as `on_checkpoint` feeds
+        it: the detector's vectorised `scan` where it has one, else a monitor per job."""
+        n = len(jobs.cp_start) - 1
+        plan = np.full(n, -1, dtype=np.int64)
+        in_scope = np.ones(n, dtype=bool)
+        if self.job_types is not None:
+            in_scope = np.isin(jobs.job_type, [job_types.index(t) for t in self.job_types if t in job_types])
+        n_cp = np.diff(jobs.cp_start)
+        vectorised = type(self.detector).scan is not Detector.scan
+        for length in np.unique(n_cp[in_scope]):
+            if length == 0:
+                continue
+            idx = np.flatnonzero(in_scope & (n_cp == length))
+            for chunk in np.array_split(idx, max(1, len(idx) // 65_536)):
+                flat = jobs.cp_start[chunk, None] + np.arange(length)[None, :]
+                series = {"step": np.broadcast_to(np.arange(1.0, length + 1.0), flat.shape),
+                          "eval_score": jobs.eval_score[flat], "progress": jobs.progress[flat],
+                          "loss": jobs.loss[flat], "reward": jobs.reward[flat],
+                          "eval_se": np.broadcast_to(jobs.eval_se[chunk, None], flat.shape)}
+                first = self.detector.scan(series) if vectorised else self._replay(series)
+                hit = first >= 0
+                plan[chunk[hit]] = flat[hit, first[hit]]
+        return plan
+
+    def _replay(self, series: dict[str, np.ndarray]) -> np.ndarray:
+        rows = {name: values.tolist() for name, values in series.items()}
+        runs, steps = series["step"].shape
+        out = np.full(runs, -1, dtype=np.int64)
+        cp = self._cp
+        for r in range(runs):
+            monitor = self.detector.start()
+            for t in range(steps):
+                cp.step = rows["step"][r][t]
+                cp.eval_score = rows["eval_score"][r][t]
+                cp.progress = rows["progress"][r][t]
+                cp.loss = rows["loss"][r][t]
+                cp.reward = rows["reward"][r][t]
+                cp.eval_se = rows["eval_se"][r][t]
+                if monitor.observe(cp):
+                    out[r] = t
+                    break
+        return out
 
 
 BASES: dict[str, type[Policy]] = {

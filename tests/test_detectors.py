@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from eval.detectors import Checkpoint, EvalStop, LossPlateau, StopAt, make_detector
+from eval.detectors import Checkpoint, Detector, EvalStop, LossPlateau, StopAt, make_detector
 from eval.traces import detection_quality, load_trace, runs_from_trace, verdicts
 from rlhfops.errors import BadInput
 
@@ -60,6 +60,24 @@ def test_default_scan_matches_streaming(det):
     for r in range(40):
         want = first_stop(det, evals[r].tolist(), losses[r].tolist(), progress[r].tolist())
         assert got[r] == (-1 if want is None else want)
+
+
+@pytest.mark.parametrize("det", [EvalStop(2), EvalStop(3), StopAt(0.65)])
+def test_vectorised_scan_matches_streaming_with_missed_evals(det):
+    # missed evals (NaN) and NaN padding after a run's end leave the monitors' state unchanged
+    rng = np.random.default_rng(7)
+    evals = rng.normal(0.5, 0.1, (300, 12))
+    evals[rng.random(evals.shape) < 0.15] = np.nan
+    progress = np.broadcast_to(np.linspace(0.05, 1.0, 12), (300, 12)).copy()
+    progress[rng.random(progress.shape) < 0.15] = np.nan
+    got = det.scan({"eval_score": evals, "progress": progress})
+    assert type(det).scan is not Detector.scan  # the vectorised form is under test
+    fired = 0
+    for r in range(300):
+        want = first_stop(det, evals[r].tolist(), progress=progress[r].tolist())
+        assert got[r] == (-1 if want is None else want), r
+        fired += want is not None
+    assert fired > 0 and len(set(got.tolist())) > 2  # a spread of answers, not one constant
 
 
 def write_trace(tmp_path, rows) -> str:

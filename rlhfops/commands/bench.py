@@ -26,11 +26,23 @@ def write_json(result: dict, out: Path | None) -> None:
         out.write_text(json.dumps(result, indent=2) + "\n")
 
 
-def _large_in_child(jobs: int, gpus: int, load: float, queue) -> None:
+def _large_in_child(jobs: int, gpus: int, load: float, coalesce: bool, queue) -> None:
     # A fresh process so peak RSS is the large run's own, not the matrix's or the CLI's.
     from scheduling.bench import bench_large
 
-    queue.put(bench_large(jobs, gpus, load))
+    queue.put(bench_large(jobs, gpus, load, coalesce=coalesce))
+
+
+def _run_in_child(progress: Progress, label: str, *args) -> dict:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    task = progress.add_task(label, total=None)
+    proc = ctx.Process(target=_large_in_child, args=(*args, queue))
+    proc.start()
+    result = queue.get()
+    proc.join()
+    progress.remove_task(task)
+    return result
 
 
 @bench_app.command("sim")
@@ -54,20 +66,22 @@ def bench_sim(
         progress.add_task("E1-E8 matrix", total=None)
         result = bench_matrix(seeds=[42] if quick else None)
     console.print(f"E1-E8 matrix ({result['matrix_runs']} runs): {result['matrix_wall_s']:.2f}s")
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
+    # The reference: the same policy with one heap event per checkpoint (the path LossAware and
+    # EvalSched take), on the same cluster with a tenth of the jobs. The cluster, not the job count,
+    # sets the cost per event: more jobs in flight means colder per-job state at each event.
+    ref_jobs, ref_gpus = max(jobs // 10, 1), gpus
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
                   transient=True) as progress:
-        progress.add_task(f"{jobs:,} jobs on {gpus:,} GPUs", total=None)
-        proc = ctx.Process(target=_large_in_child, args=(jobs, gpus, load, queue))
-        proc.start()
-        large = queue.get()
-        proc.join()
+        large = _run_in_child(progress, f"{jobs:,} jobs on {gpus:,} GPUs", jobs, gpus, load, True)
+        ref = _run_in_child(progress, f"{ref_jobs:,} jobs, one event per checkpoint", ref_jobs, ref_gpus, load, False)
+        same = _run_in_child(progress, f"{ref_jobs:,} jobs, coalesced", ref_jobs, ref_gpus, load, True)
     result.update(
         large={k: v for k, v in large.items()},
         million_jobs_wall_s=large["wall_s"] if jobs >= 1_000_000 else None,
         million_jobs_peak_rss_mib=large["peak_rss_mib"] if jobs >= 1_000_000 else None,
         events_per_s=large["events_per_s"],
+        per_checkpoint_reference=ref, coalesced_at_reference_size=same,
+        coalescing_speedup=ref["simulate_s"] / same["simulate_s"],
         quick=quick, python=platform.python_version(), machine=platform.machine(),
     )
     table = Table(title="rlhfops bench sim")
@@ -78,6 +92,8 @@ def bench_sim(
     table.add_row(f"{jobs:,}-job run peak RSS (MiB)", f"{large['peak_rss_mib']:.0f}")
     table.add_row("events / s", f"{large['events_per_s']:,.0f}")
     table.add_row("events", f"{large['events']:,}")
+    table.add_row(f"{ref_jobs:,} jobs on {ref_gpus:,} GPUs: one event per checkpoint / coalesced (s)",
+                  f"{ref['simulate_s']:.2f} / {same['simulate_s']:.2f}")
     console.print(table)
     write_json(result, out)
 
