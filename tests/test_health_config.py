@@ -93,7 +93,7 @@ def test_demotion_per_algorithm_and_tenant_and_per_algorithm_params(tmp_path):
     assert ppo.severity("dead_run", "acme") == "advisory"
     assert grpo.severity("dead_run", "globex") == "advisory"
     assert ppo.severity("grad_norm_spike", "globex") == "advisory"  # advisory in the shipped file
-    assert ppo.alerts["kl_blowup"].ceiling == 3.0 and grpo.alerts["kl_blowup"].ceiling == 0.5
+    assert ppo.alerts["kl_blowup"].ceiling == 6.0 and grpo.alerts["kl_blowup"].ceiling == 0.5
     assert Catalog.from_config(cfg).alerts["kl_blowup"].ceiling == 1.0  # no algorithm: the base value
 
 
