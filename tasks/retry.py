@@ -13,7 +13,13 @@ be replayed exactly.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import random
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -48,8 +54,62 @@ def backoff(base_s: float, retries: int = RETRIES) -> list[float]:
     return [base_s * 2 ** i for i in range(retries)]
 
 
+#: the attempt number of the innermost `with_retries` call in progress (None outside one)
+_attempt: ContextVar[int | None] = ContextVar("rlhfops_attempt", default=None)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def with_retries(fn: Callable[..., Any], *args: Any, delays: list[float] | None = None, jitter: float = 0.5,
+                 **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` with the tasks' retry rule, in-process: transient failures (`is_transient`) are
+    retried after `delays` (default `backoff(1.0)`, each stretched by a random share of up to `jitter`), bad
+    input fails at once. For short calls where a whole task run is overkill (opening and closing a flow run's
+    MLflow run); `attempt()` sees the attempt number, so fault injection replays the same way as in a task.
+    Retries are logged at INFO to the flow run's log (the Prefect UI), like task retries."""
+    delays = backoff(1.0) if delays is None else list(delays)
+    for i in range(len(delays) + 1):
+        token = _attempt.set(i + 1)
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if i == len(delays) or not is_transient(exc):
+                raise
+            _log_retry(getattr(fn, "__name__", "call"), i + 1, len(delays) + 1, exc)
+        finally:
+            _attempt.reset(token)
+        time.sleep(delays[i] * (1 + jitter * random.random()))
+    raise AssertionError("unreachable")
+
+
+def _log_retry(name: str, n: int, of: int, exc: BaseException) -> None:
+    import logging
+
+    try:
+        from prefect.logging import get_run_logger
+
+        logger = get_run_logger()
+    except Exception:  # noqa: BLE001 - outside a flow or task run
+        logger = logging.getLogger("rlhfops.retry")
+    logger.info("%s: attempt %d of %d failed (%s: %s); retrying", name, n, of, type(exc).__name__, exc)
+
+
+def retried(fn: F) -> F:
+    """Decorator form of `with_retries`: the wrapped function takes an extra keyword `retry_delay_s` (the
+    first backoff delay, default 1 s)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, retry_delay_s: float = 1.0, **kwargs: Any) -> Any:
+        return with_retries(fn, *args, delays=backoff(retry_delay_s), **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
 def attempt() -> int:
-    """This task run's attempt number (1 on the first try), or 1 outside Prefect."""
+    """The attempt number (1 on the first try) of the innermost `with_retries` call, else of this task run, else
+    1 (outside Prefect)."""
+    n = _attempt.get()
+    if n is not None:
+        return n
     try:
         from prefect.runtime import task_run
 

@@ -124,6 +124,37 @@ def test_retry_condition_never_retries_bad_input():
     assert is_transient(TimeoutError())
 
 
+def test_plain_retries_follow_the_task_rule_and_number_attempts():
+    """`with_retries` (tracking open/close without a task run of their own): transient failures are retried with
+    the attempt number visible to the fault plan, bad input fails at once, and the last failure propagates."""
+    from tasks.retry import InjectedFault, attempt, retried, with_retries
+
+    seen = []
+
+    def flaky(fail_until: int) -> int:
+        seen.append(attempt())
+        if attempt() < fail_until:
+            raise InjectedFault("transient")
+        return attempt()
+
+    assert with_retries(flaky, 3, delays=[0.0] * 5) == 3 and seen == [1, 2, 3]
+    seen.clear()
+    with pytest.raises(InjectedFault):
+        with_retries(flaky, 99, delays=[0.0, 0.0])
+    assert seen == [1, 2, 3]
+    calls = []
+
+    @retried
+    def bad(x: int) -> None:
+        calls.append(x)
+        raise BadInput("field 'x': wrong")
+
+    with pytest.raises(BadInput):
+        bad(1, retry_delay_s=0.0)
+    assert calls == [1]
+    assert attempt() == 1  # outside any retried call or task run
+
+
 def test_fault_plan_is_deterministic_and_hits_its_rate():
     from tasks.retry import should_fail
 
