@@ -12,7 +12,7 @@ from infra import tracking as T
 from rlhfops.errors import BadInput
 from tasks.retry import backoff
 from tasks.timing import clock
-from tasks.tracking import close_parent, open_parent
+from tasks.tracking import parent_run
 from tasks.training import score_checkpoints
 
 
@@ -55,14 +55,13 @@ def evaluate_checkpoint(
 
     With `min_score`, the gate passes when the score's lower 95% bound (mean - 1.96 SE) clears it."""
     path = _resolve_checkpoint(checkpoint)
-    T.init_store()
-    run_id = open_parent.with_options(retry_delay_seconds=backoff(retry_delay_s))(
-        "evaluation", f"evaluate {path.parent.parent.name}/{path.name}", mlflow_experiment, parent_run_id,
-        tenant=tenant, params={"checkpoint": checkpoint, "resolved": str(path), "min_score": min_score})
-    (score,) = score_checkpoints.with_options(retry_delay_seconds=backoff(retry_delay_s))(path.name, [str(path)])
-    lower = score["eval_score"] - 1.96 * (score["eval_se"] if math.isfinite(score["eval_se"]) else 0.0)
-    passed = None if min_score is None else bool(lower >= min_score)
-    close_parent(run_id, metrics={"eval_score": score["eval_score"], "eval_se": score["eval_se"],
-                                  "eval_lower95": lower, "unparseable_rate": score["unparseable_rate"]},
-                 tags={"gate": "none" if passed is None else ("passed" if passed else "failed")})
-    return {**score, "lower95": lower, "passed": passed, "run_id": run_id}
+    with parent_run("evaluation", f"evaluate {path.parent.parent.name}/{path.name}", mlflow_experiment, parent_run_id,
+                    tenant=tenant, params={"checkpoint": checkpoint, "resolved": str(path), "min_score": min_score},
+                    retry_delay_s=retry_delay_s) as run:
+        (score,) = score_checkpoints.with_options(retry_delay_seconds=backoff(retry_delay_s))(path.name, [str(path)])
+        lower = score["eval_score"] - 1.96 * (score["eval_se"] if math.isfinite(score["eval_se"]) else 0.0)
+        passed = None if min_score is None else bool(lower >= min_score)
+        run.close(metrics={"eval_score": score["eval_score"], "eval_se": score["eval_se"],
+                           "eval_lower95": lower, "unparseable_rate": score["unparseable_rate"]},
+                  tags={"gate": "none" if passed is None else ("passed" if passed else "failed")})
+    return {**score, "lower95": lower, "passed": passed, "run_id": run.run_id}

@@ -25,9 +25,8 @@ from infra import tracking as T
 from infra.provision import check_runner, compute_pool, task_runner
 from rlhfops.errors import BadInput
 from scheduling.experiments import EXPERIMENTS
-from tasks.retry import backoff
 from tasks.timing import clock
-from tasks.tracking import close_parent, flow_context, open_parent
+from tasks.tracking import parent_run
 
 QUICK_SEEDS = [42, 123]
 #: experiment subflows (and detector units) the nightly runs at once
@@ -129,20 +128,15 @@ def nightly_sweep(
     steps = job_steps or NIGHTLY_JOB_STEPS[quick]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    T.init_store()
-    delays = backoff(retry_delay_s)
-    ctx = flow_context()
-    run_id = open_parent.with_options(retry_delay_seconds=delays)(
-        "nightly", f"nightly {time.strftime('%Y-%m-%d %H:%M')}", mlflow_experiment, tenant="platform",
-        params={"quick": quick, "experiments": ",".join(exps), "seeds": ",".join(map(str, seeds)),
-                "runner": runner, "job_steps": steps if job else 0, "canaries": ",".join(canary_names),
-                "platform": platform,
-                "fail_rate": fail_rate},
-        fail_rate=fail_rate, fault_seed=fault_seed)
     stages: dict[str, float] = {}
     stage_orch: dict[str, float] = {}
-    results: dict[str, Any] = {"run_id": run_id, "flow_run_id": ctx[T.FLOW_RUN_TAG], "out_dir": str(out)}
-    try:
+    with parent_run("nightly", f"nightly {time.strftime('%Y-%m-%d %H:%M')}", mlflow_experiment, tenant="platform",
+                    params={"quick": quick, "experiments": ",".join(exps), "seeds": ",".join(map(str, seeds)),
+                            "runner": runner, "job_steps": steps if job else 0, "canaries": ",".join(canary_names),
+                            "platform": platform, "fail_rate": fail_rate},
+                    fail_rate=fail_rate, fault_seed=fault_seed, retry_delay_s=retry_delay_s) as run:
+        run_id, ctx = run.run_id, run.ctx
+        results: dict[str, Any] = {"run_id": run_id, "flow_run_id": ctx[T.FLOW_RUN_TAG], "out_dir": str(out)}
         # 1. the scheduling matrix: experiment subflows run two at a time (each inside a task, the
         # Prefect pattern for concurrent subflows), sharing one compute pool, so one experiment's
         # orchestration (flow-run creation, tracking, plots) overlaps another's simulation work. Two, not
@@ -258,15 +252,11 @@ def nightly_sweep(
         timing = clock.breakdown(t_start, time.time())
         ok_canaries = bool(results.get("canaries") is None or results["canaries"]["ok"].all())
         job_state = results["job"].get("state") if isinstance(results.get("job"), dict) else "not run"
-        close_parent(run_id, metrics={**timing, **stages, **{f"orchestration_s/{k}": v for k, v in stage_orch.items()},
-                                      "canaries_ok": float(ok_canaries)},
-                     texts={"report.md": report_md, "timing.json": json.dumps({**timing, **stages}, indent=2)},
-                     artifacts=[str(out / "scheduling" / "summary.csv")],
-                     tags={"job_state": job_state, "canaries_ok": ok_canaries})
-    except BaseException as err:
-        close_parent(run_id, tags={"failure_class": "platform_fault", "error": f"{type(err).__name__}: {err}"[:500]},
-                     status="FAILED")
-        raise
+        run.close(metrics={**timing, **stages, **{f"orchestration_s/{k}": v for k, v in stage_orch.items()},
+                           "canaries_ok": float(ok_canaries)},
+                  texts={"report.md": report_md, "timing.json": json.dumps({**timing, **stages}, indent=2)},
+                  artifacts=[str(out / "scheduling" / "summary.csv")],
+                  tags={"job_state": job_state, "canaries_ok": ok_canaries})
     results.update(report=report_md, timing=timing, stages=stages)
     return results
 

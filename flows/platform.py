@@ -30,7 +30,7 @@ from infra.provision import gpu_slots, task_runner
 from rlhfops.errors import BadInput
 from tasks.retry import backoff
 from tasks.timing import clock
-from tasks.tracking import close_parent, flow_context, open_parent
+from tasks.tracking import parent_run
 from tasks.training import best_of, resolve_train_config, score_checkpoints, start_worker, train_supervised
 
 #: the default round: five tenants, one job each; two are set up to over-optimise the proxy reward
@@ -158,49 +158,48 @@ def platform_round(
     prices = load_prices()
     if gpu_kind not in prices.gpu_hour:
         raise BadInput(f"gpu_kind: '{gpu_kind}' has no price (add it under gpu_hour in configs/prices.yaml)")
-    T.init_store()
-    ctx0 = flow_context()
-    run_id = open_parent.with_options(retry_delay_seconds=backoff(retry_delay_s))(
-        "platform", f"platform round ({scheduler})", mlflow_experiment, parent_run_id, tenant="platform",
-        params={"scheduler": scheduler, "slots": slots, "steps": steps, "jobs": len(specs)})
-    tenants = list(dict.fromkeys(s["tenant"] for s in specs))
-    views = [JobView(i, "rlhf", tenants.index(s["tenant"]), s["gpus"], 0.0, float(c.steps))
-             for i, (s, c) in enumerate(zip(specs, cfgs, strict=True))]
-    ctx = {"out_dir": out_dir, "flow_run_id": ctx0[T.FLOW_RUN_TAG], "mlflow_experiment": mlflow_experiment,
-           "parent_run_id": run_id, "catalog": Catalog.from_file(alerts, algorithm="ppo", profile=alert_profile),
-           "ledger": Ledger(prices), "gpu_kind": gpu_kind, "slots": gpu_slots(slots, "gpu-slots-platform"),
-           "retry_delay_s": retry_delay_s, "round_start": time.time()}
-    lock = threading.Lock()
-    progress.reporter.stage(f"platform round: {len(specs)} jobs on {slots} slots ({scheduler})", total=len(specs))
-    pending, running, rows, free, order = list(range(len(specs))), {}, [], slots, []
-    while pending or running:
-        with lock:
-            pending.sort(key=lambda i: (policy.priority(views[i]), i))
-        for i in list(pending):
-            if specs[i]["gpus"] <= free:
-                pending.remove(i)
-                free -= specs[i]["gpus"]
-                order.append(i)
-                running[platform_job.submit(specs[i], cfgs[i], views[i], policy, lock, ctx)] = i
-        fut = next(as_completed(list(running)))  # the first job to end frees its slots
-        i = running.pop(fut)
-        free += specs[i]["gpus"]
-        rows.append(fut.result())
-        progress.reporter.advance()
-    table = pd.DataFrame(rows)
-    index_of = {(s["tenant"], s["name"]): i for i, s in enumerate(specs)}
-    table.insert(0, "start_order", [order.index(index_of[(r["tenant"], r["job"])]) for r in rows])
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "jobs.csv", index=False)
-    ctx["ledger"].frame().to_csv(out / "ledger.csv", index=False)
-    per_tenant = table.groupby("tenant")[["cost_usd", "gpu_hours", "steps"]].sum()
-    metrics = {"jobs": len(table), "stopped": int((table.decision == "stopped").sum()),
-               "mean_jct_s": float(table.jct_s.mean()), "makespan_s": float(table.jct_s.max()),
-               **{f"cost_usd/{t}": float(v) for t, v in per_tenant.cost_usd.items()}}
-    create_table_artifact(key="platform-round",
-                          table=json.loads(table.drop(columns=["run_id"]).to_json(orient="records")),
-                          description=f"Live round: {len(specs)} jobs, {slots} slots, {scheduler}")
-    close_parent(run_id, metrics=metrics, artifacts=[str(out / "jobs.csv"), str(out / "ledger.csv")],
-                 tags={"slots_backend": ctx["slots"].backend})
-    return {"run_id": run_id, "jobs": table, "metrics": metrics, "slots": ctx["slots"].describe()}
+    with parent_run("platform", f"platform round ({scheduler})", mlflow_experiment, parent_run_id, tenant="platform",
+                    params={"scheduler": scheduler, "slots": slots, "steps": steps, "jobs": len(specs)},
+                    retry_delay_s=retry_delay_s) as run:
+        tenants = list(dict.fromkeys(s["tenant"] for s in specs))
+        views = [JobView(i, "rlhf", tenants.index(s["tenant"]), s["gpus"], 0.0, float(c.steps))
+                 for i, (s, c) in enumerate(zip(specs, cfgs, strict=True))]
+        ctx = {"out_dir": out_dir, "flow_run_id": run.ctx[T.FLOW_RUN_TAG], "mlflow_experiment": mlflow_experiment,
+               "parent_run_id": run.run_id,
+               "catalog": Catalog.from_file(alerts, algorithm="ppo", profile=alert_profile),
+               "ledger": Ledger(prices), "gpu_kind": gpu_kind, "slots": gpu_slots(slots, "gpu-slots-platform"),
+               "retry_delay_s": retry_delay_s, "round_start": time.time()}
+        lock = threading.Lock()
+        progress.reporter.stage(f"platform round: {len(specs)} jobs on {slots} slots ({scheduler})", total=len(specs))
+        pending, running, rows, free, order = list(range(len(specs))), {}, [], slots, []
+        while pending or running:
+            with lock:
+                pending.sort(key=lambda i: (policy.priority(views[i]), i))
+            for i in list(pending):
+                if specs[i]["gpus"] <= free:
+                    pending.remove(i)
+                    free -= specs[i]["gpus"]
+                    order.append(i)
+                    running[platform_job.submit(specs[i], cfgs[i], views[i], policy, lock, ctx)] = i
+            fut = next(as_completed(list(running)))  # the first job to end frees its slots
+            i = running.pop(fut)
+            free += specs[i]["gpus"]
+            rows.append(fut.result())
+            progress.reporter.advance()
+        table = pd.DataFrame(rows)
+        index_of = {(s["tenant"], s["name"]): i for i, s in enumerate(specs)}
+        table.insert(0, "start_order", [order.index(index_of[(r["tenant"], r["job"])]) for r in rows])
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / "jobs.csv", index=False)
+        ctx["ledger"].frame().to_csv(out / "ledger.csv", index=False)
+        per_tenant = table.groupby("tenant")[["cost_usd", "gpu_hours", "steps"]].sum()
+        metrics = {"jobs": len(table), "stopped": int((table.decision == "stopped").sum()),
+                   "mean_jct_s": float(table.jct_s.mean()), "makespan_s": float(table.jct_s.max()),
+                   **{f"cost_usd/{t}": float(v) for t, v in per_tenant.cost_usd.items()}}
+        create_table_artifact(key="platform-round",
+                              table=json.loads(table.drop(columns=["run_id"]).to_json(orient="records")),
+                              description=f"Live round: {len(specs)} jobs, {slots} slots, {scheduler}")
+        run.close(metrics=metrics, artifacts=[str(out / "jobs.csv"), str(out / "ledger.csv")],
+                  tags={"slots_backend": ctx["slots"].backend})
+    return {"run_id": run.run_id, "jobs": table, "metrics": metrics, "slots": ctx["slots"].describe()}

@@ -21,7 +21,7 @@ from infra import tracking as T
 from infra.provision import gpu_slots
 from rlhfops.errors import BadInput
 from tasks.retry import backoff
-from tasks.tracking import close_parent, open_parent
+from tasks.tracking import error_tags, parent_run
 from tasks.training import (
     best_of,
     register_checkpoint,
@@ -127,20 +127,28 @@ def rlhf_job(
     resolved = cfg.model_dump(mode="json")
     (out / "config.resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
     delays = backoff(retry_delay_s)
-    T.init_store()
-    run_id = open_parent.with_options(retry_delay_seconds=delays)(
-        "rlhf_job", job, mlflow_experiment, parent_run_id, tenant=tenant,
-        params={"config": config if isinstance(config, str) else "inline", "overlap": overlap, "gpus": gpus,
-                "gpu_kind": gpu_kind, "detector": detector, **_flatten(resolved)},
-        fail_rate=fail_rate, fault_seed=fault_seed)
-    metrics = PlatformMetrics(tenants=[tenant])
-    sup = RunSupervisor(run_id, tenant, catalog.start(tenant=tenant), gate_detector=make_detector(detector),
-                        ledger=ledger, metrics=metrics, gpu_kind=gpu_kind, n_gpus=gpus)
-    slots = gpu_slots(cluster_gpus)
-    progress.reporter.stage(f"rlhf job {job}: {cfg.steps} PPO steps ({overlap})", total=cfg.steps)
-    sup.machine.provision()
-    result: dict[str, Any] = {}
-    try:
+    sup = status = None
+
+    def failure_tags(err: BaseException) -> dict[str, Any]:
+        """A failure while the job runs gets the supervisor's verdict (run state, failure class); one after it has
+        ended (registry, ledger) is a platform fault."""
+        if sup is None or status is not None:
+            return error_tags(err)
+        verdict = sup.finish(completed=False, exception=err)
+        return {"run_state": verdict.label, "failure_class": verdict.failure or "platform_fault",
+                "reason": verdict.reason[:500]}
+
+    with parent_run("rlhf_job", job, mlflow_experiment, parent_run_id, tenant=tenant,
+                    params={"config": config if isinstance(config, str) else "inline", "overlap": overlap,
+                            "gpus": gpus, "gpu_kind": gpu_kind, "detector": detector, **_flatten(resolved)},
+                    fail_rate=fail_rate, fault_seed=fault_seed, retry_delay_s=retry_delay_s,
+                    failure_tags=failure_tags) as run:
+        run_id = run.run_id
+        sup = RunSupervisor(run_id, tenant, catalog.start(tenant=tenant), gate_detector=make_detector(detector),
+                            ledger=ledger, metrics=PlatformMetrics(tenants=[tenant]), gpu_kind=gpu_kind, n_gpus=gpus)
+        slots = gpu_slots(cluster_gpus)
+        progress.reporter.stage(f"rlhf job {job}: {cfg.steps} PPO steps ({overlap})", total=cfg.steps)
+        sup.machine.provision()
         with slots.take(gpus) as waited:
             trainer = start_worker.with_options(retry_delay_seconds=delays)(
                 job, cfg, overlap, str(out), fail_rate, fault_seed)
@@ -149,43 +157,38 @@ def rlhf_job(
                                       on_step=lambda rec, _s: progress.reporter.advance())
         scores = score_checkpoints.with_options(retry_delay_seconds=delays)(
             job, [str(p) for p in sorted((out / "checkpoints").glob("step-*"))])
-    except BaseException as err:
-        status = sup.finish(completed=False, exception=err)
-        close_parent(run_id, tags={"run_state": status.label, "failure_class": status.failure or "platform_fault",
-                                   "reason": status.reason[:500]}, status="FAILED")
-        raise
-    status = sup.finish(completed=result["decision"] != "failed", exception=result["error"])
-    best = best_of(scores)
-    registry = None
-    if best is not None:
-        registry = register_checkpoint.with_options(retry_delay_seconds=delays)(
-            run_id, registered_model or f"{tenant}-policy", best, tenant, job, fail_rate, fault_seed)
-    # close the tenant's ledger: the run's totals become MLflow metrics and a CSV artifact
-    totals = ledger.run_totals().get(run_id)
-    ledger_csv = out / "ledger.csv"
-    ledger.frame().to_csv(ledger_csv, index=False)
-    records = result["records"]
-    final = records[-1] if records else {}
-    job_metrics = {
-        "cost_usd": float(totals.cost) if totals else 0.0,
-        "gpu_hours": totals.gpu_seconds / 3600 if totals else 0.0,
-        "steps": len(records), "tokens_generated": totals.tokens_generated if totals else 0,
-        "best_eval": best["eval_score"] if best else math.nan,
-        "best_eval_se": best["eval_se"] if best else math.nan,
-        "best_step": best["step"] if best else math.nan,
-        "final_reward": final.get("reward_mean", math.nan), "slot_wait_s": waited, "train_wall_s": result["wall_s"],
-        "alerts_paged": len(sup.machine.pages),
-    }
-    failure = status.failure.value if status.failure else ""
-    tags = {"run_state": status.label, "final_state": status.state.value, "failure_class": failure,
-            "reason": status.reason[:500], "decision": result["decision"],
-            "alerts": json.dumps([e.alert for e in sup.events]),
-            "slots_backend": slots.backend}
-    (out / "scores.json").write_text(json.dumps(scores, indent=2))
-    close_parent(run_id, metrics=job_metrics, tags=tags,
-                 artifacts=[str(out / "config.resolved.yaml"), str(ledger_csv), str(out / "scores.json"),
-                            str(out / "metrics.csv")],
-                 status="FAILED" if status.state is RunState.FAILED else "FINISHED")
+        status = sup.finish(completed=result["decision"] != "failed", exception=result["error"])
+        best = best_of(scores)
+        registry = None
+        if best is not None:
+            registry = register_checkpoint.with_options(retry_delay_seconds=delays)(
+                run_id, registered_model or f"{tenant}-policy", best, tenant, job, fail_rate, fault_seed)
+        # close the tenant's ledger: the run's totals become MLflow metrics and a CSV artifact
+        totals = ledger.run_totals().get(run_id)
+        ledger_csv = out / "ledger.csv"
+        ledger.frame().to_csv(ledger_csv, index=False)
+        records = result["records"]
+        final = records[-1] if records else {}
+        job_metrics = {
+            "cost_usd": float(totals.cost) if totals else 0.0,
+            "gpu_hours": totals.gpu_seconds / 3600 if totals else 0.0,
+            "steps": len(records), "tokens_generated": totals.tokens_generated if totals else 0,
+            "best_eval": best["eval_score"] if best else math.nan,
+            "best_eval_se": best["eval_se"] if best else math.nan,
+            "best_step": best["step"] if best else math.nan,
+            "final_reward": final.get("reward_mean", math.nan), "slot_wait_s": waited,
+            "train_wall_s": result["wall_s"], "alerts_paged": len(sup.machine.pages),
+        }
+        failure = status.failure.value if status.failure else ""
+        tags = {"run_state": status.label, "final_state": status.state.value, "failure_class": failure,
+                "reason": status.reason[:500], "decision": result["decision"],
+                "alerts": json.dumps([e.alert for e in sup.events]),
+                "slots_backend": slots.backend}
+        (out / "scores.json").write_text(json.dumps(scores, indent=2))
+        run.close(metrics=job_metrics, tags=tags,
+                  artifacts=[str(out / "config.resolved.yaml"), str(ledger_csv), str(out / "scores.json"),
+                             str(out / "metrics.csv")],
+                  status="FAILED" if status.state is RunState.FAILED else "FINISHED")
     summary = {"job": job, "tenant": tenant, "run_id": run_id, "state": status.label, "decision": result["decision"],
                "failure_class": failure, "reason": status.reason, "best": best, "registry": registry,
                "metrics": job_metrics, "out_dir": str(out), "history": sup.machine.labels()}

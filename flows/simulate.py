@@ -23,7 +23,7 @@ from scheduling.plots import plot_summary
 from tasks.retry import backoff
 from tasks.sim import simulate_unit
 from tasks.timing import clock
-from tasks.tracking import close_parent, flow_context, open_parent, track_variant
+from tasks.tracking import parent_run, track_variant
 
 
 def resolve_experiment(experiment: str, seeds: list[int] | None = None, jobs: int | None = None,
@@ -91,15 +91,13 @@ def scheduling_experiment(
     cfg = resolve_experiment(experiment, seeds, jobs, gpus, overrides)
     units = units_for(cfg, keep_jobs=keep_jobs)
     out = Path(out_dir or Path("results") / cfg.name)
-    flow_run_id = flow_context()[T.FLOW_RUN_TAG]
-    T.init_store()
     params = {"experiment": cfg.name, "seeds": ",".join(map(str, cfg.seeds)), "jobs": cfg.workload.jobs,
               "gpus": cfg.workload.gpus, "variants": len(cfg.variants), "units": len(units),
               "fail_rate": fail_rate}
-    run_id = open_parent("scheduling_experiment", f"simulate {cfg.name}", mlflow_experiment, parent_run_id,
-                         tenant="simulation", params=params, fail_rate=fail_rate, fault_seed=fault_seed)
-    marks.append(("open_run", time.time()))
-    try:
+    with parent_run("scheduling_experiment", f"simulate {cfg.name}", mlflow_experiment, parent_run_id,
+                    tenant="simulation", params=params, fail_rate=fail_rate, fault_seed=fault_seed,
+                    retry_delay_s=retry_delay_s) as run:
+        marks.append(("open_run", time.time()))
         with compute_pool(workers):
             per_seed, job_rows = run_units_as_tasks(units, fail_rate, fault_seed, retry_delay_s,
                                                     f"{cfg.name}: variant x seed" if progress_stage else None)
@@ -116,9 +114,9 @@ def scheduling_experiment(
         marks.append(("aggregate_plots", time.time()))
         variant_params = {"seeds": params["seeds"], "jobs": cfg.workload.jobs, "gpus": cfg.workload.gpus}
         track = track_variant.with_options(retry_delay_seconds=backoff(retry_delay_s))
-        futures = [track.submit(run_id, flow_run_id, cfg.name, variant, summary[summary.variant == variant],
-                                per_seed[per_seed.variant == variant], variant_params, mlflow_experiment,
-                                fail_rate, fault_seed)
+        futures = [track.submit(run.run_id, run.ctx[T.FLOW_RUN_TAG], cfg.name, variant,
+                                summary[summary.variant == variant], per_seed[per_seed.variant == variant],
+                                variant_params, mlflow_experiment, fail_rate, fault_seed)
                    for variant in dict.fromkeys(summary["variant"])]
         child_runs = [f.result() for f in futures]
         marks.append(("track_variants", time.time()))
@@ -127,14 +125,9 @@ def scheduling_experiment(
             table=[{k: _clean(v) for k, v in r.items()} for r in summary.to_dict("records")],
             description=f"{cfg.name}: {cfg.description} (means over seeds {params['seeds']})")
         artifacts = [out / "summary.csv", out / "per_seed.csv", out / "config.yaml", *plots]
-        close_parent(run_id, metrics={"units": len(units), "variants": len(child_runs)},
-                     artifacts=[str(p) for p in artifacts])
+        run.close(metrics={"units": len(units), "variants": len(child_runs)}, artifacts=[str(p) for p in artifacts])
         marks.append(("artifacts_close", time.time()))
-    except BaseException as err:
-        close_parent(run_id, tags={"failure_class": "platform", "error": f"{type(err).__name__}: {err}"[:500]},
-                     status="FAILED")
-        raise
-    return {"experiment": cfg.name, "run_id": run_id, "child_runs": child_runs, "out_dir": str(out),
+    return {"experiment": cfg.name, "run_id": run.run_id, "child_runs": child_runs, "out_dir": str(out),
             "summary": summary, "per_seed": per_seed, "plots": [str(p) for p in plots],
             "phases": {name: t - marks[i][1] for i, (name, t) in enumerate(marks[1:])}}
 

@@ -1,12 +1,14 @@
-"""Prefect tasks that write MLflow: parent runs per flow run, child runs per simulation variant or job.
+"""MLflow bookkeeping for flows: one parent run per flow run (`parent_run`), child runs per simulation variant.
 
-Every task here is safe to retry: runs are keyed (`infra.tracking.open_run`), so a retried attempt finds
+Every call here is safe to retry: runs are keyed (`infra.tracking.open_run`), so a retried attempt finds
 or replaces what an earlier attempt left and MLflow ends with one run per unit of work.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from infra import tracking as T
-from tasks.retry import RETRIES, backoff, maybe_fail, retry_transient
+from tasks.retry import RETRIES, backoff, maybe_fail, retried, retry_transient
 from tasks.timing import clock
 
 _RETRY = dict(retries=RETRIES, retry_delay_seconds=backoff(1.0), retry_jitter_factor=0.5,
@@ -30,12 +32,19 @@ def flow_context() -> dict[str, str]:
             T.DEPLOYMENT_TAG: str(deployment.name or "local")}
 
 
-@task(name="open-flow-run", **_RETRY)
+# Opening and closing a flow run's MLflow run are a few SQLite writes each: plain calls with the tasks' retry rule
+# (`tasks.retry.with_retries`) rather than task runs of their own, which would add Prefect bookkeeping to every
+# flow run for no extra safety.
+
+
+@retried
 def open_parent(kind: str, name: str, experiment: str = T.DEFAULT_EXPERIMENT, parent_run_id: str | None = None,
                 tenant: str = "platform", params: dict[str, Any] | None = None,
-                tags: dict[str, Any] | None = None, fail_rate: float = 0.0, fault_seed: int = 0) -> str:
-    """The one MLflow run of a flow run (nested under the caller's run for subflows)."""
-    ctx = flow_context()
+                tags: dict[str, Any] | None = None, fail_rate: float = 0.0, fault_seed: int = 0,
+                ctx: dict[str, str] | None = None) -> str:
+    """The one MLflow run of a flow run (nested under the caller's run for subflows). Retried (keyword
+    `retry_delay_s`): a retried attempt reopens the run an earlier one made."""
+    ctx = ctx or flow_context()
     key = f"flow/{ctx[T.FLOW_RUN_TAG]}"
     with clock.span("tracking"):
         maybe_fail("tracking-open", f"{kind}/{name}", fail_rate, fault_seed)
@@ -47,10 +56,11 @@ def open_parent(kind: str, name: str, experiment: str = T.DEFAULT_EXPERIMENT, pa
     return run_id
 
 
-@task(name="close-flow-run", **_RETRY)
+@retried
 def close_parent(run_id: str, metrics: dict[str, float] | None = None, artifacts: list[str] | None = None,
                  texts: dict[str, str] | None = None, tags: dict[str, Any] | None = None,
                  status: str = "FINISHED") -> str:
+    """Log the flow run's results to its MLflow run and end it with `status`. Retried (keyword `retry_delay_s`)."""
     with clock.span("tracking"):
         if metrics:
             T.log_metrics(run_id, metrics)
@@ -61,6 +71,48 @@ def close_parent(run_id: str, metrics: dict[str, float] | None = None, artifacts
         T.log_artifacts(run_id, artifacts or [])
         T.finish(run_id, status)
     return run_id
+
+
+def error_tags(err: BaseException) -> dict[str, str]:
+    """What a flow run's MLflow run records when the flow fails on an unexpected error."""
+    return {"failure_class": "platform_fault", "error": f"{type(err).__name__}: {err}"[:500]}
+
+
+class ParentRun:
+    """A flow run's MLflow run, as `parent_run` yields it: `run_id`, the flow-run tags `ctx`, and `close`."""
+
+    def __init__(self, run_id: str, ctx: dict[str, str], retry_delay_s: float) -> None:
+        self.run_id, self.ctx, self.retry_delay_s = run_id, ctx, retry_delay_s
+        self.closed = False
+
+    def close(self, metrics: dict[str, float] | None = None, artifacts: list[str] | None = None,
+              texts: dict[str, str] | None = None, tags: dict[str, Any] | None = None,
+              status: str = "FINISHED") -> None:
+        close_parent(self.run_id, metrics=metrics, artifacts=artifacts, texts=texts, tags=tags, status=status,
+                     retry_delay_s=self.retry_delay_s)
+        self.closed = True
+
+
+@contextmanager
+def parent_run(kind: str, name: str, experiment: str = T.DEFAULT_EXPERIMENT, parent_run_id: str | None = None, *,
+               tenant: str = "platform", params: dict[str, Any] | None = None, fail_rate: float = 0.0,
+               fault_seed: int = 0, retry_delay_s: float = 1.0,
+               failure_tags: Callable[[BaseException], dict[str, Any]] = error_tags) -> Iterator[ParentRun]:
+    """Every flow's MLflow bookkeeping in one place: create the store if needed, open the flow run's run (tagged
+    with the Prefect flow-run id, deployment, kind and tenant; nested under `parent_run_id`), and yield it. The
+    flow closes it with its results; if the block raises first, the run is closed FAILED with
+    `failure_tags(error)` and the error propagates."""
+    T.init_store()
+    ctx = flow_context()
+    run = ParentRun(open_parent(kind, name, experiment, parent_run_id, tenant=tenant, params=params,
+                                fail_rate=fail_rate, fault_seed=fault_seed, ctx=ctx, retry_delay_s=retry_delay_s),
+                    ctx, retry_delay_s)
+    try:
+        yield run
+    except BaseException as err:
+        if not run.closed:
+            run.close(tags=failure_tags(err), status="FAILED")
+        raise
 
 
 SUMMARY_METRICS = ["jct_mean", "jct_std", "ttfuc_mean", "wasted_frac", "saved_frac", "precision", "recall", "fpr",
