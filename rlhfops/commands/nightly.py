@@ -4,41 +4,13 @@ SQLite MLflow in the working directory)."""
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 
 import typer
 
+from rlhfops.commands.flowrun import prefect_env, run_flow, start_prefect_api
 from rlhfops.errors import BadInput
-
-
-def prefect_env(verbose: bool = False) -> None:
-    """Settings for a local run; must happen before Prefect is imported. Explicit user settings win."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # the temporary server takes 10-18 s to start on 2 loaded cores; Prefect's default gives up at 20 s
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    if not verbose:
-        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-
-
-class start_prefect_api(threading.Thread):  # noqa: N801 - used like a function
-    """Start (or reach) the Prefect API in the background while the CLI imports the flows and opens the
-    MLflow store: the temporary server's 10-18 s start then overlaps that work instead of adding to it."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True, name="prefect-api-start")
-        self.error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            from prefect.client.orchestration import get_client
-
-            with get_client(sync_client=True) as client:
-                client.hello()
-        except BaseException as err:  # noqa: BLE001 - reported by the caller
-            self.error = err
 
 
 def split_list(text: str | None) -> list[str] | None:
@@ -94,9 +66,7 @@ def register(app: typer.Typer) -> None:
         check_runner(runner)
         server = start_prefect_api()
         import transformers
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from flows import progress as flow_progress
         from infra import tracking as T
         from rlhfops.console import make_console
         from tasks.timing import clock
@@ -111,31 +81,10 @@ def register(app: typer.Typer) -> None:
         console.print(f"[dim]MLflow store: {uri}[/dim]")
         from flows.nightly import nightly_sweep
 
-        server.join()
-        if server.error is not None:
-            console.print(f"[red]Prefect API not reachable[/red]: {server.error}")
-            raise typer.Exit(1)
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console) as bar:
-            flow_progress.install(flow_progress.RichReporter(bar, console))
-            try:
-                state = nightly_sweep(
-                    quick=quick, experiments=split_list(experiments), seeds=seed_list, detectors=not no_detectors,
-                    job=not no_job, job_steps=job_steps, canaries=split_list(canaries), platform=not no_platform,
-                    runner=runner,
-                    workers=workers, out_dir=str(out), cache_dir=cache_dir, fail_rate=fail_rate,
-                    return_state=True)
-            finally:
-                flow_progress.install(None)
-        if state.is_failed():
-            try:
-                state.result()
-            except BadInput:
-                raise
-            except Exception as err:  # noqa: BLE001 - report the failure in one line, exit 1
-                console.print(f"[red]nightly failed[/red]: {type(err).__name__}: {err}")
-            raise typer.Exit(1)
-        res = state.result()
+        res = run_flow(console, nightly_sweep, "nightly", server,
+                       quick=quick, experiments=split_list(experiments), seeds=seed_list, detectors=not no_detectors,
+                       job=not no_job, job_steps=job_steps, canaries=split_list(canaries), platform=not no_platform,
+                       runner=runner, workers=workers, out_dir=str(out), cache_dir=cache_dir, fail_rate=fail_rate)
         process = clock.breakdown(t_process, time.time())
         T.log_metrics(res["run_id"], {"process_wall_s": process["wall_s"],
                                       "process_orchestration_s": process["orchestration_s"],

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run one live round: tenants' PPO jobs queued at once, placed on --slots worker slots by --scheduler
         (which may also stop them at their eval gates); prints per-job and per-tenant results."""
-        from rlhfops.commands.nightly import prefect_env
+        from rlhfops.commands.flowrun import prefect_env, run_flow, start_prefect_api
 
         if slots < 1:
             raise BadInput("--slots: must be >= 1")
@@ -43,11 +43,10 @@ def register(app: typer.Typer) -> None:
             if not isinstance(job_list, list):
                 raise BadInput("--jobs: the file must hold a JSON list of job objects")
         prefect_env(verbose)
+        server = start_prefect_api()
         import transformers
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
 
-        from flows import progress as flow_progress
         from flows.platform import platform_round
         from infra import tracking as T
         from rlhfops.console import make_console
@@ -55,23 +54,8 @@ def register(app: typer.Typer) -> None:
         transformers.logging.set_verbosity_error()
         console = make_console()
         uri = T.init_store()
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console) as bar:
-            flow_progress.install(flow_progress.RichReporter(bar, console))
-            try:
-                state = platform_round(jobs=job_list, scheduler=scheduler, slots=slots, steps=steps, out_dir=str(out),
-                                       cache_dir=cache_dir, return_state=True)
-            finally:
-                flow_progress.install(None)
-        if state.is_failed():
-            try:
-                state.result()
-            except BadInput:
-                raise
-            except Exception as err:  # noqa: BLE001
-                console.print(f"[red]platform round failed[/red]: {type(err).__name__}: {err}")
-            raise typer.Exit(1)
-        res = state.result()
+        res = run_flow(console, platform_round, "platform round", server, jobs=job_list, scheduler=scheduler,
+                       slots=slots, steps=steps, out_dir=str(out), cache_dir=cache_dir)
         df = res["jobs"].sort_values("start_order")
         table = Table(title=f"platform round: {scheduler}, {res['slots']}", title_justify="left")
         for col in ("start", "tenant", "job", "decision", "state", "steps", "best step", "best held-out", "JCT (s)",
