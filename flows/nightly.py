@@ -22,7 +22,7 @@ from flows.platform import platform_round
 from flows.rlhf_job import rlhf_job
 from flows.simulate import run_units_as_tasks, scheduling_experiment, with_runner
 from infra import tracking as T
-from infra.provision import check_runner, compute_pool, task_runner
+from infra.provision import check_runner, compute_pool, no_heartbeats, task_runner
 from rlhfops.errors import BadInput
 from scheduling.experiments import EXPERIMENTS
 from tasks.timing import clock
@@ -134,7 +134,8 @@ def nightly_sweep(
                     params={"quick": quick, "experiments": ",".join(exps), "seeds": ",".join(map(str, seeds)),
                             "runner": runner, "job_steps": steps if job else 0, "canaries": ",".join(canary_names),
                             "platform": platform, "fail_rate": fail_rate},
-                    fail_rate=fail_rate, fault_seed=fault_seed, retry_delay_s=retry_delay_s) as run:
+                    fail_rate=fail_rate, fault_seed=fault_seed, retry_delay_s=retry_delay_s) as run, \
+            no_heartbeats():  # the stages' subflows run in this process: no heartbeat thread each
         run_id, ctx = run.run_id, run.ctx
         results: dict[str, Any] = {"run_id": run_id, "flow_run_id": ctx[T.FLOW_RUN_TAG], "out_dir": str(out)}
         # 1. the scheduling matrix: experiment subflows run two at a time (each inside a task, the

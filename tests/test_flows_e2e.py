@@ -130,6 +130,33 @@ def test_sweep_survives_30pct_injected_failures_with_one_run_per_unit(prefect_se
     assert expected_deleted > 0 and len(deleted) == expected_deleted
 
 
+def test_subflows_under_no_heartbeats_start_no_heartbeat_thread(prefect_server):
+    """Subflows called directly or from a submitted task inside `no_heartbeats()` see no heartbeat interval (so
+    Prefect starts no heartbeat thread for them and their exit does not wait on one); the parent keeps its own."""
+    from prefect import flow, task
+    from prefect.settings import get_current_settings
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    from infra.provision import no_heartbeats
+
+    @flow
+    def child() -> int | None:
+        return get_current_settings().flows.heartbeat_frequency
+
+    @task
+    def via_task() -> int | None:
+        return child()
+
+    @flow(task_runner=ThreadPoolTaskRunner(max_workers=2))
+    def parent() -> tuple:
+        own = get_current_settings().flows.heartbeat_frequency
+        with no_heartbeats():
+            return own, child(), via_task.submit().result()
+
+    own, direct, submitted = parent()
+    assert own is not None and direct is None and submitted is None
+
+
 def test_bad_config_field_fails_the_job_before_any_slot(prefect_server, mlflow_store, tmp_path):
     from flows.rlhf_job import rlhf_job
     from infra import provision

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import nullcontext
 from typing import Any
 
 import typer
@@ -41,15 +42,24 @@ class start_prefect_api(threading.Thread):  # noqa: N801 - used like a function
             self.error = err
 
 
+def on_temporary_server() -> bool:
+    """True when no Prefect API is configured: flows run on the temporary server this process starts."""
+    from prefect.settings import get_current_settings
+
+    return not get_current_settings().api.url
+
+
 def run_flow(console, flow_obj, what: str, server: start_prefect_api | None = None, **params: Any) -> Any:
     """`flow_obj(**params)` under a progress bar (one bar per stage the flow reports); returns the flow's result.
 
-    `server`: wait for the background API start first (exit 1 with one line if it failed). A failed run: bad input
-    propagates (exit 2, one line naming the field); any other failure is printed as one line (`<what> failed:
-    ...`), exit 1."""
+    `server`: wait for the background API start first (exit 1 with one line if it failed). On the temporary
+    server, which stops with this process, the flow run sends no heartbeats: nothing could ever read a missed one,
+    and its exit would wait up to a second for the heartbeat thread. A failed run: bad input propagates (exit 2,
+    one line naming the field); any other failure is printed as one line (`<what> failed: ...`), exit 1."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from flows import progress as flow_progress
+    from infra.provision import no_heartbeats
 
     if server is not None:
         server.join()
@@ -57,7 +67,7 @@ def run_flow(console, flow_obj, what: str, server: start_prefect_api | None = No
             console.print(f"[red]Prefect API not reachable[/red]: {server.error}")
             raise typer.Exit(1)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bar:
+                  console=console) as bar, (no_heartbeats() if on_temporary_server() else nullcontext()):
         flow_progress.install(flow_progress.RichReporter(bar, console))
         try:
             state = flow_obj(**params, return_state=True)
