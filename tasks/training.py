@@ -21,10 +21,16 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import ValidationError
 
+# the trainer (torch, transformers) is imported with this module, not inside the first task that needs it: a flow
+# module loads before its flow run starts (`rlhfops nightly` loads it while the temporary Prefect server starts),
+# so the 3-5 s import is paid at start-up instead of stalling the nightly's job stage
+from eval.states import RunState
 from infra import tracking as T
 from rlhfops.errors import BadInput, describe_validation_error
 from tasks.retry import RETRIES, backoff, maybe_fail, retry_transient
 from tasks.timing import clock
+from training.config import TrainConfig
+from training.trainer import Trainer, gold_eval
 
 _RETRY = dict(retries=RETRIES, retry_delay_seconds=backoff(1.0), retry_jitter_factor=0.5,
               retry_condition_fn=retry_transient, cache_policy=NO_CACHE)
@@ -45,8 +51,6 @@ def _set(tree: dict, dotted: str, value: Any, source: str) -> None:
 def resolve_train_config(config: str | dict, overrides: dict[str, Any] | None = None, steps: int | None = None):
     """A `TrainConfig` from a YAML path (or a mapping) plus dotted overrides, validated before anything is
     provisioned; a wrong field raises BadInput naming it."""
-    from training.config import TrainConfig
-
     if isinstance(config, dict):
         raw, source = copy.deepcopy(config), "config"
     else:
@@ -77,8 +81,6 @@ def resolve_train_config(config: str | dict, overrides: dict[str, Any] | None = 
 def start_worker(job: str, config, overlap: str, out_dir: str, fail_rate: float = 0.0, fault_seed: int = 0):
     """Bring up the training worker: tokenizer, base policy, reference, proxy reward model, optimisers
     (cached warm starts after the first job). Resumes from the newest checkpoint in `out_dir` if any."""
-    from training.trainer import Trainer
-
     maybe_fail("worker-start", job, fail_rate, fault_seed)
     with clock.span("work"):
         return Trainer(config, overlap, out_dir, resume=True)
@@ -91,8 +93,6 @@ def train_supervised(job: str, trainer, supervisor, run_id: str | None, steps: i
     supervisor)` may return True to stop the job (the platform's scheduler stopping it). Returns the decision
     (`completed`, `paused` by the supervisor, `stopped` by the scheduler, `failed`), the error if any and the
     records' flat dicts."""
-    from eval.states import RunState
-
     records: list[dict] = []
     pending: list[dict] = []
     decision, error = "completed", None
@@ -137,8 +137,6 @@ def step_of(checkpoint: str | Path) -> int:
 @task(name="score-checkpoints", task_run_name="score checkpoints {job}", **_RETRY)
 def score_checkpoints(job: str, checkpoints: list[str]) -> list[dict[str, Any]]:
     """Gold (held-out) score of every saved checkpoint: the eval gate the best checkpoint is chosen by."""
-    from training.trainer import gold_eval
-
     out = []
     with clock.span("work"):
         for ckpt in checkpoints:

@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
         with clock.span("tracking"):
             uri = T.init_store()
         console.print(f"[dim]MLflow store: {uri}[/dim]")
-        from flows.nightly import nightly_sweep
+        from flows.nightly import nightly_sweep  # with the trainer (torch): while the server starts
 
         res = run_flow(console, nightly_sweep, "nightly", server,
                        quick=quick, experiments=split_list(experiments), seeds=seed_list, detectors=not no_detectors,
