@@ -22,7 +22,7 @@ from flows.platform import platform_round
 from flows.rlhf_job import rlhf_job
 from flows.simulate import run_units_as_tasks, scheduling_experiment, with_runner
 from infra import tracking as T
-from infra.provision import check_runner, compute_pool, no_heartbeats, task_runner
+from infra.provision import check_runner, compute_pool, no_heartbeats, one_start_at_a_time, task_runner
 from rlhfops.errors import BadInput
 from scheduling.experiments import EXPERIMENTS
 from tasks.timing import clock
@@ -59,8 +59,10 @@ def run_canary_task(name: str, steps: int, fault_at: int, cache_dir: str) -> dic
 
 @task(name="scheduling-experiment", task_run_name="matrix {params[experiment]}", cache_policy=NO_CACHE)
 def experiment_task(sim_flow, params: dict[str, Any]) -> dict[str, Any]:
-    """Runs one `scheduling_experiment` subflow (a task, so the nightly can run several at once)."""
-    return sim_flow(**params)
+    """Runs one `scheduling_experiment` subflow (a task, so the nightly can run several at once); the subflows'
+    flow runs are created one at a time (`one_start_at_a_time`), then run concurrently."""
+    with one_start_at_a_time(sim_flow) as run:
+        return run(**params)
 
 
 def detector_comparison(seeds: list[int], fail_rate: float, fault_seed: int, retry_delay_s: float):
@@ -142,7 +144,8 @@ def nightly_sweep(
         # Prefect pattern for concurrent subflows), sharing one compute pool, so one experiment's
         # orchestration (flow-run creation, tracking, plots) overlaps another's simulation work. Two, not
         # eight: with eight, the temporary server's SQLite serialises ~100 concurrent task-run writes ("database
-        # is locked", retried) and the full matrix took 92 s instead of 19 s here.
+        # is locked", retried) and the full matrix took 92 s instead of 19 s here. Their flow runs are created
+        # one at a time for the same reason (`experiment_task`).
         t0 = time.time()
         sim = with_runner(scheduling_experiment, runner)
         from scheduling.experiments import load_experiment, units_for

@@ -19,6 +19,15 @@ def prefect_env(verbose: bool = False) -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # the temporary server takes 10-18 s to start on 2 loaded cores; Prefect's default gives up at 20 s
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    # The temporary server (a subprocess with this environment) records task runs and events from our events in
+    # its SQLite: by default one transaction per task-run event and one per 20 events. Each commit can land between
+    # the read and the write of an API request (creating a subflow's flow run, say), which then fails with
+    # "database is locked"; the server answers 503 and Prefect's client retries after ~2 s. Batches of 100 task-run
+    # events and 200 events (or whatever arrived within the 5-s flush interval) made those clashes rare (measured:
+    # slow requests per nightly matrix 2-7 -> 0-1). A server started with `prefect server start` keeps its own
+    # settings.
+    os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE", "100")
+    os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE", "200")
     if not verbose:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
