@@ -244,7 +244,8 @@ def nightly_sweep(
 
         # 6. tonight vs the last nightly
         t0 = time.time()
-        rep = T.nightly_report(mlflow_experiment, tonight_id=run_id)
+        with clock.span("tracking"):  # MLflow queries
+            rep = T.nightly_report(mlflow_experiment, tonight_id=run_id)
         report_md = T.report_markdown(rep)
         timing = clock.breakdown(t_start, time.time())
         report_md += "\n" + overhead_markdown(timing, stages, stage_orch)

@@ -289,11 +289,11 @@ def nightly_report(experiment: str = DEFAULT_EXPERIMENT, tonight_id: str | None 
     """Tonight (`tonight_id`, which may still be running, or else the newest finished nightly) against the
     newest finished nightly that started before it."""
     empty = {"tonight": None, "last": None, "schedulers": pd.DataFrame(), "tenants": pd.DataFrame()}
-    all_runs = _runs("", experiment)
-    if all_runs.empty:
+    # the nightly runs first, then only the runs since the last one's start: reading the whole experiment grew
+    # with every night (5.7 s at 2,000 runs here, and capped at 50,000 runs)
+    nights = _runs(f"tags.`{KIND_TAG}` = 'nightly'", experiment)
+    if nights.empty:
         return empty
-    kind = all_runs.get(f"tags.{KIND_TAG}", pd.Series(index=all_runs.index, dtype=object))
-    nights = all_runs[kind == "nightly"]
     if tonight_id is not None:
         match = nights[nights["run_id"] == tonight_id]
         if match.empty:
@@ -307,6 +307,8 @@ def nightly_report(experiment: str = DEFAULT_EXPERIMENT, tonight_id: str | None 
     earlier = nights[(nights["status"] == "FINISHED") & (nights["start_time"] < tonight["start_time"])
                      & (nights["run_id"] != tonight["run_id"])]
     last = earlier.iloc[0] if len(earlier) else None
+    since = pd.Timestamp((last if last is not None else tonight)["start_time"])
+    all_runs = _runs(f"attributes.start_time >= {int(since.timestamp() * 1000)}", experiment)
     sched = compare(scheduler_table(tonight.run_id, all_runs),
                     scheduler_table(last.run_id, all_runs) if last is not None else None,
                     ["experiment", "variant", "scheduler"])
