@@ -20,17 +20,22 @@ from flows import progress
 from flows.evaluate import evaluate_checkpoint
 from flows.platform import platform_round
 from flows.rlhf_job import rlhf_job
-from flows.simulate import run_units_as_tasks, scheduling_experiment, with_runner
+from flows.simulate import (
+    experiment_params,
+    gather_units,
+    plan_experiment,
+    record_experiment,
+    run_units_as_tasks,
+    submit_units,
+)
 from infra import tracking as T
-from infra.provision import check_runner, compute_pool, no_heartbeats, one_start_at_a_time, task_runner
+from infra.provision import check_runner, compute_pool, no_heartbeats, task_runner
 from rlhfops.errors import BadInput
 from scheduling.experiments import EXPERIMENTS
 from tasks.timing import clock
 from tasks.tracking import parent_run
 
 QUICK_SEEDS = [42, 123]
-#: experiment subflows (and detector units) the nightly runs at once
-NIGHTLY_CONCURRENCY = 2
 #: the nightly's RLHF job: the canaries' small healthy PPO job (rlhfops/commands/canary.py), with a
 #: checkpoint at every eval gate so the best gated checkpoint is the one kept
 NIGHTLY_JOB_STEPS = {True: 24, False: 60}
@@ -57,22 +62,16 @@ def run_canary_task(name: str, steps: int, fault_at: int, cache_dir: str) -> dic
         return run_canary(canary, steps, fault_at, cache_dir, catalog)
 
 
-@task(name="scheduling-experiment", task_run_name="matrix {params[experiment]}", cache_policy=NO_CACHE)
-def experiment_task(sim_flow, params: dict[str, Any]) -> dict[str, Any]:
-    """Runs one `scheduling_experiment` subflow (a task, so the nightly can run several at once); the subflows'
-    flow runs are created one at a time (`one_start_at_a_time`), then run concurrently."""
-    with one_start_at_a_time(sim_flow) as run:
-        return run(**params)
-
-
-def detector_comparison(seeds: list[int], fail_rate: float, fault_seed: int, retry_delay_s: float):
-    """The detector report's runs (E7 under three noise kinds, E8) as tasks; mean over seeds."""
+def detector_comparison(seeds: list[int], fail_rate: float, fault_seed: int, retry_delay_s: float, runner=None):
+    """The detector report's runs (E7 under three noise kinds, E8) as tasks (on `runner` if given); mean over
+    seeds."""
     from scheduling.detector_report import report_units
 
     units = [u for u in report_units() if u.seed in seeds]
     for u in units:
         u.keep_jobs = False
-    per_seed, _ = run_units_as_tasks(units, fail_rate, fault_seed, retry_delay_s, "detectors: variant x seed")
+    per_seed, _ = run_units_as_tasks(units, fail_rate, fault_seed, retry_delay_s, "detectors: variant x seed",
+                                     runner)
     cols = ["precision", "recall", "fpr", "jct", "wasted_frac", "detection_delay", "regret", "stopped"]
     return per_seed.groupby(["experiment", "variant", "scheduler"], sort=False)[cols].mean().reset_index()
 
@@ -82,7 +81,7 @@ def _records(df: pd.DataFrame) -> list[dict]:
             for r in df.to_dict("records")]
 
 
-@flow(name="nightly-sweep", task_runner=task_runner("thread", NIGHTLY_CONCURRENCY), log_prints=False)
+@flow(name="nightly-sweep", task_runner=task_runner("thread"), log_prints=False)
 def nightly_sweep(
     quick: bool = False,
     experiments: list[str] | None = None,
@@ -137,32 +136,35 @@ def nightly_sweep(
                             "runner": runner, "job_steps": steps if job else 0, "canaries": ",".join(canary_names),
                             "platform": platform, "fail_rate": fail_rate},
                     fail_rate=fail_rate, fault_seed=fault_seed, retry_delay_s=retry_delay_s) as run, \
-            no_heartbeats():  # the stages' subflows run in this process: no heartbeat thread each
+            no_heartbeats():  # the job's and platform's subflows run in this process: no heartbeat thread each
         run_id, ctx = run.run_id, run.ctx
         results: dict[str, Any] = {"run_id": run_id, "flow_run_id": ctx[T.FLOW_RUN_TAG], "out_dir": str(out)}
-        # 1. the scheduling matrix: experiment subflows run two at a time (each inside a task, the
-        # Prefect pattern for concurrent subflows), sharing one compute pool, so one experiment's
-        # orchestration (flow-run creation, tracking, plots) overlaps another's simulation work. Two, not
-        # eight: with eight, the temporary server's SQLite serialises ~100 concurrent task-run writes ("database
-        # is locked", retried) and the full matrix took 92 s instead of 19 s here. Their flow runs are created
-        # one at a time for the same reason (`experiment_task`).
+        # 1. the scheduling matrix: every experiment's units (variant x seed) go to the compute pool at once, as
+        # tasks on one task runner for the simulation fan-out (threads, or Ray workers with runner="ray"); each
+        # experiment is aggregated, plotted and tracked (its MLflow run under the nightly's, a child run per
+        # variant) as soon as its own units are done, while the later experiments' units keep the pool busy.
+        # The experiments used to be subflows, two at a time: every experiment then ended in a stretch where
+        # neither subflow had work (flow-run creation and teardown), and creating a flow run while ~100 task runs
+        # report their states made the temporary server's SQLite refuse the write ("database is locked"; the
+        # client retries after 2 s): 2-13 s of orchestration per matrix here. The `scheduling_experiment` flow
+        # (deployment `simulate`) runs one experiment with the same helpers.
         t0 = time.time()
-        sim = with_runner(scheduling_experiment, runner)
-        from scheduling.experiments import load_experiment, units_for
-
-        progress.reporter.stage("simulation matrix: variant x seed",
-                                total=sum(len(units_for(load_experiment(e).model_copy(update={"seeds": seeds})))
-                                          for e in exps))
-        with compute_pool(workers):
-            futures = [experiment_task.submit(sim, dict(
-                experiment=exp, seeds=seeds, out_dir=str(out / "scheduling" / exp), workers=workers,
-                fail_rate=fail_rate, fault_seed=fault_seed, retry_delay_s=retry_delay_s,
-                mlflow_experiment=mlflow_experiment, parent_run_id=run_id, progress_stage=False)) for exp in exps]
+        plans = [plan_experiment(e, seeds) for e in exps]
+        progress.reporter.stage("simulation matrix: variant x seed", total=sum(len(units) for _, units in plans))
+        with compute_pool(workers), task_runner(runner) as units_runner:
+            submitted = [(cfg, units, submit_units(units, fail_rate, fault_seed, retry_delay_s, units_runner))
+                         for cfg, units in plans]
             summaries = []
-            for exp, fut in zip(exps, futures, strict=True):
-                r = fut.result()
+            for cfg, units, futures in submitted:  # in submission order: the first experiments finish first
+                per_seed, job_rows = gather_units(futures)
+                with parent_run("scheduling_experiment", f"simulate {cfg.name}", mlflow_experiment, run_id,
+                                key=f"{ctx[T.FLOW_RUN_TAG]}/experiment/{cfg.name}", tenant="simulation",
+                                params=experiment_params(cfg, units, fail_rate), fail_rate=fail_rate,
+                                fault_seed=fault_seed, retry_delay_s=retry_delay_s) as exp_run:
+                    r = record_experiment(cfg, units, per_seed, job_rows, out / "scheduling" / cfg.name, exp_run,
+                                          mlflow_experiment=mlflow_experiment, fail_rate=fail_rate,
+                                          fault_seed=fault_seed, retry_delay_s=retry_delay_s)
                 summaries.append(r["summary"])
-                results.setdefault("matrix_phases", {})[exp] = r["phases"]
             matrix = pd.concat(summaries, ignore_index=True)
             matrix.to_csv(out / "scheduling" / "summary.csv", index=False)
             stages["matrix_s"] = time.time() - t0
@@ -174,7 +176,7 @@ def nightly_sweep(
                 t0 = time.time()
                 from scheduling.detector_report import render
 
-                table = detector_comparison(seeds, fail_rate, fault_seed, retry_delay_s)
+                table = detector_comparison(seeds, fail_rate, fault_seed, retry_delay_s, units_runner)
                 table.to_csv(out / "detectors.csv", index=False)
                 (out / "detectors.md").write_text(render(table))
                 with clock.span("tracking"):

@@ -76,44 +76,6 @@ def no_heartbeats() -> Iterator[None]:
         yield
 
 
-_start_lock = threading.Lock()
-
-
-def one_start_at_a_time(flow_obj):
-    """Call `flow_obj` (a subflow, from one of several concurrent tasks) so that its flow run is created while no
-    other subflow of this process is being created: `with one_start_at_a_time(f) as run: run(**params)`. The
-    lock is held from the call until the subflow's flow run is RUNNING (an `on_running` hook releases it, or the
-    call returning or raising before that), not while it works.
-
-    Why: on the temporary server's SQLite two flow runs created at the same moment make one of the requests
-    fail with SQLITE_BUSY; the server answers 503 and Prefect's client retries after ~2 s. In the nightly's
-    matrix (two experiment subflows at a time) that cost 2-2.4 s per clash, several times a night (measured
-    with timed API requests: `POST /task_runs/` for the subflow's task run in the parent, `POST /flow_runs/`)."""
-    return _StartGate(flow_obj)
-
-
-class _StartGate:
-    def __init__(self, flow_obj) -> None:
-        self.flow_obj = flow_obj
-        self._held = False
-        self._mutex = threading.Lock()
-
-    def _release(self, *_hook_args: Any) -> None:
-        with self._mutex:
-            if self._held:
-                self._held = False
-                _start_lock.release()
-
-    def __enter__(self):
-        _start_lock.acquire()
-        self._held = True
-        hooks = [*self.flow_obj.on_running_hooks, self._release]
-        return self.flow_obj.with_options(on_running=hooks)
-
-    def __exit__(self, *exc: Any) -> None:
-        self._release()
-
-
 # ---------------------------------------------------------------------------------------------------------
 # the local compute pool
 

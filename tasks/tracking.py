@@ -61,11 +61,12 @@ def deployment_name() -> str:
 def open_parent(kind: str, name: str, experiment: str = T.DEFAULT_EXPERIMENT, parent_run_id: str | None = None,
                 tenant: str = "platform", params: dict[str, Any] | None = None,
                 tags: dict[str, Any] | None = None, fail_rate: float = 0.0, fault_seed: int = 0,
-                ctx: dict[str, str] | None = None) -> str:
-    """The one MLflow run of a flow run (nested under the caller's run for subflows). Retried (keyword
-    `retry_delay_s`): a retried attempt reopens the run an earlier one made."""
+                ctx: dict[str, str] | None = None, key: str | None = None) -> str:
+    """The one MLflow run of a flow run (nested under the caller's run for subflows), or with `key` another run
+    that runs nest under (a scheduling experiment inside the nightly). Retried (keyword `retry_delay_s`): a
+    retried attempt reopens the run an earlier one made."""
     ctx = ctx or flow_context()
-    key = f"flow/{ctx[T.FLOW_RUN_TAG]}"
+    key = key or f"flow/{ctx[T.FLOW_RUN_TAG]}"
     with clock.span("tracking"):
         maybe_fail("tracking-open", f"{kind}/{name}", fail_rate, fault_seed)
         run_id, _ = T.open_run(key, name, experiment, parent_run_id,
@@ -117,15 +118,18 @@ class ParentRun:
 def parent_run(kind: str, name: str, experiment: str = T.DEFAULT_EXPERIMENT, parent_run_id: str | None = None, *,
                tenant: str = "platform", params: dict[str, Any] | None = None, fail_rate: float = 0.0,
                fault_seed: int = 0, retry_delay_s: float = 1.0,
-               failure_tags: Callable[[BaseException], dict[str, Any]] = error_tags) -> Iterator[ParentRun]:
+               failure_tags: Callable[[BaseException], dict[str, Any]] = error_tags,
+               key: str | None = None) -> Iterator[ParentRun]:
     """Every flow's MLflow bookkeeping in one place: create the store if needed, open the flow run's run (tagged
     with the Prefect flow-run id, deployment, kind and tenant; nested under `parent_run_id`), and yield it. The
     flow closes it with its results; if the block raises first, the run is closed FAILED with
-    `failure_tags(error)` and the error propagates."""
+    `failure_tags(error)` and the error propagates. `key`: not the flow run's own run but another one, under
+    the flow run's (default key `flow/<flow-run id>`)."""
     T.init_store()
     ctx = flow_context()
     run = ParentRun(open_parent(kind, name, experiment, parent_run_id, tenant=tenant, params=params,
-                                fail_rate=fail_rate, fault_seed=fault_seed, ctx=ctx, retry_delay_s=retry_delay_s),
+                                fail_rate=fail_rate, fault_seed=fault_seed, ctx=ctx, key=key,
+                                retry_delay_s=retry_delay_s),
                     ctx, retry_delay_s)
     try:
         yield run
