@@ -104,7 +104,6 @@ def simulate(
     forget = policy.forget
     # Coalesce checkpoints when no checkpoint of a running job can matter to anyone else before it ends.
     lazy = coalesce and policy.stop_reads_history_only and (not preemptive or policy.rank_never_worsens)
-    never_stops = type(policy).on_checkpoint is Policy.on_checkpoint
     thr, imp = quality_threshold, min_improvement
     heappush, heappop = heapq.heappush, heapq.heappop
 
@@ -115,7 +114,7 @@ def simulate(
     prio = _filled("d", n, 0.0)
     views: list[JobView | None] = [None] * n
     next_k = _filled("q", n, 0)  # flat index of the job's next checkpoint
-    end_k = _filled("q", n, 0)  # flat index the job ends at (lazy: planned at arrival; else where it ended)
+    end_k = _typed("q", wl.cp_start[1:] - 1)  # flat index the job ends at (lazy: planned; else its last, until it ends)
     stop_k = _filled("q", n, -1)  # lazy: flat index where the policy's replayed verdict says stop, -1 never
     next_land = _filled("d", n, 0.0)  # lazy: when the next checkpoint's eval lands if the job keeps running
     attained = _filled("d", n, 0.0)
@@ -135,7 +134,7 @@ def simulate(
     saved = _filled("d", n, 0.0)
 
     plan = None
-    if lazy and not never_stops:
+    if lazy:
         plan = policy.plan_stops(CheckpointSeries(
             job_type=wl.job_type, cp_start=wl.cp_start, progress=wl.cp_progress, eval_score=wl.cp_eval,
             loss=wl.cp_loss, reward=wl.cp_reward, eval_se=wl.eval_se), JOB_TYPES)
@@ -159,13 +158,9 @@ def simulate(
         """Replay the policy's checkpoint verdicts for job i, one checkpoint at a time, on a view of
         its own: the first checkpoint it would stop at (if any) is where the job will end. (For
         policies without a batch `plan_stops`.)"""
-        last = cp_start[i + 1] - 1
-        end_k[i] = last
-        if never_stops:
-            return
         v = JobView(i, JOB_TYPES[jtype[i]], tenant[i], demand[i], arrival[i], est[i])
         v.eval_se = eval_se[i]
-        for k in range(cp_start[i], last + 1):
+        for k in range(cp_start[i], end_k[i] + 1):
             p = cp_prog[k]
             v.attained = p * duration[i]
             v.progress = p
@@ -250,14 +245,13 @@ def simulate(
         seg_over[i] = 0.0
         seg_train[i] = (cp_prog[k + 1] - cp_prog[k]) * duration[i]
 
-    def catch_up(i: int, t: float) -> None:
+    def catch_up(i: int, t: float, view: JobView | None) -> None:
         """Lazy mode: apply the checkpoints of running job i whose evals landed by time t (not its
-        final one, which is its own event), so its state and view are what per-checkpoint events
+        final one, which is its own event), so its state and `view` are what per-checkpoint events
         would have left."""
-        v = views[i]
         while next_land[i] <= t and next_k[i] < end_k[i]:
             at = next_land[i]
-            k = land(i, at, v)
+            k = land(i, at, view)
             train_on(i, k, at)
             next_land[i] = at + seg_train[i] + eval_min[i]
 
@@ -337,7 +331,7 @@ def simulate(
                     # Its key dates from its last checkpoint; refresh it with the service received
                     # since (attained service is observable) before deciding to evict it.
                     if lazy:
-                        catch_up(j, t)
+                        catch_up(j, t, views[j])
                     vj = views[j]
                     live = t - run_start[j] - seg_over[j]
                     vj.attained = attained[j] + (0.0 if live < 0.0 else min(live, seg_train[j]))
@@ -393,14 +387,8 @@ def simulate(
         if lazy:
             # job i ends here: apply its remaining checkpoints in order, the last one landing now
             # (the view is dropped when the job ends, so these landings skip it)
-            final = end_k[i]
-            at = next_land[i]
-            while True:
-                k = land(i, at, None)
-                if k == final:
-                    break
-                train_on(i, k, at)
-                at = at + seg_train[i] + eval_min[i]
+            catch_up(i, t, None)
+            k = land(i, next_land[i], None)
             finish(i, k, t, stop_k[i] == k)
             schedule(t)
             continue

@@ -43,6 +43,8 @@ class Policy:
         """Batch form of `on_checkpoint` for a history-only policy: per job, the flat index of the first
         checkpoint it would stop the job at, or -1. None: no batch form (the engine replays
         `on_checkpoint` job by job). `job_types` names the type indices of `jobs.job_type`."""
+        if type(self).on_checkpoint is Policy.on_checkpoint:
+            return np.full(len(jobs.cp_start) - 1, -1, dtype=np.int64)  # never stops a job
         return None
 
     @property
@@ -162,15 +164,14 @@ class EarlyStop(Policy):
         self._monitors.pop(job_id, None)
 
     def plan_stops(self, jobs: CheckpointSeries, job_types: tuple[str, ...]) -> np.ndarray:
-        """Every in-scope job's checkpoint series through the detector, exactly as `on_checkpoint` feeds
-        it: the detector's vectorised `scan` where it has one, else a monitor per job."""
+        """Every in-scope job's checkpoint series through the detector's `scan` (vectorised for EvalStop and
+        StopAt; a monitor per job otherwise), with the fields `on_checkpoint` feeds it."""
         n = len(jobs.cp_start) - 1
         plan = np.full(n, -1, dtype=np.int64)
         in_scope = np.ones(n, dtype=bool)
         if self.job_types is not None:
             in_scope = np.isin(jobs.job_type, [job_types.index(t) for t in self.job_types if t in job_types])
         n_cp = np.diff(jobs.cp_start)
-        vectorised = type(self.detector).scan is not Detector.scan
         for length in np.unique(n_cp[in_scope]):
             if length == 0:
                 continue
@@ -181,29 +182,10 @@ class EarlyStop(Policy):
                           "eval_score": jobs.eval_score[flat], "progress": jobs.progress[flat],
                           "loss": jobs.loss[flat], "reward": jobs.reward[flat],
                           "eval_se": np.broadcast_to(jobs.eval_se[chunk, None], flat.shape)}
-                first = self.detector.scan(series) if vectorised else self._replay(series)
+                first = self.detector.scan(series)
                 hit = first >= 0
                 plan[chunk[hit]] = flat[hit, first[hit]]
         return plan
-
-    def _replay(self, series: dict[str, np.ndarray]) -> np.ndarray:
-        rows = {name: values.tolist() for name, values in series.items()}
-        runs, steps = series["step"].shape
-        out = np.full(runs, -1, dtype=np.int64)
-        cp = self._cp
-        for r in range(runs):
-            monitor = self.detector.start()
-            for t in range(steps):
-                cp.step = rows["step"][r][t]
-                cp.eval_score = rows["eval_score"][r][t]
-                cp.progress = rows["progress"][r][t]
-                cp.loss = rows["loss"][r][t]
-                cp.reward = rows["reward"][r][t]
-                cp.eval_se = rows["eval_se"][r][t]
-                if monitor.observe(cp):
-                    out[r] = t
-                    break
-        return out
 
 
 BASES: dict[str, type[Policy]] = {
