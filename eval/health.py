@@ -33,8 +33,8 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from common.errors import BadInput, describe_validation_error
 from eval.detectors import DETECTORS, NAN, Checkpoint, Detector, Monitor
-from rlhfops.errors import BadInput, describe_validation_error
 
 Severity = Literal["paging", "advisory"]
 DEFAULT_ALERTS_FILE = Path(__file__).resolve().parent.parent / "configs" / "alerts.yaml"
@@ -1116,7 +1116,7 @@ def load_alerts_config(path: str | Path | None = None) -> AlertsConfig:
     source = str(path)
     if not path.is_file():
         raise BadInput(f"--alerts: file '{path}' not found (pass a thresholds YAML like configs/alerts.yaml)")
-    from rlhfops.validate import check_finite_tree, read_yaml_mapping
+    from common.validate import check_finite_tree, read_yaml_mapping
 
     raw = read_yaml_mapping(path, "alerts")  # UTF-8, valid YAML, a mapping
     # .nan/.inf or astronomic thresholds would silence an alert (or fire it always)

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from common.errors import BadInput
 from eval.detectors import Checkpoint, Detector
-from rlhfops.errors import BadInput
 
 REQUIRED = ("run_id", "step", "eval_score")
 NUMERIC_OPTIONAL = ("reward", "loss", "kl", "entropy", "grad_norm", "response_len", "progress", "eval_se",

@@ -8,8 +8,8 @@ from typing import Any
 
 from prefect import flow
 
+from common.errors import BadInput
 from infra import tracking as T
-from rlhfops.errors import BadInput
 from tasks.retry import backoff
 from tasks.timing import clock
 from tasks.tracking import parent_run

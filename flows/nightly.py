@@ -16,6 +16,7 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from common.errors import BadInput
 from flows import progress
 from flows.evaluate import evaluate_checkpoint_internal
 from flows.params import CanaryName, ExperimentName, RunnerKind
@@ -31,7 +32,6 @@ from flows.simulate import (
 )
 from infra import tracking as T
 from infra.provision import check_runner, compute_pool, no_heartbeats, task_runner
-from rlhfops.errors import BadInput
 from scheduling.experiments import EXPERIMENTS
 from tasks.timing import clock
 from tasks.tracking import parent_run
@@ -44,7 +44,7 @@ NIGHTLY_JOB_STEPS = {True: 24, False: 60}
 
 def validate_nightly(workers: int | None, seeds: list[int], out: Path, cache_dir: str) -> None:
     """The parameters the stages share, checked before the first stage (BadInput naming the parameter)."""
-    from rlhfops.validate import check_out_dir, check_seed, check_workers
+    from common.validate import check_out_dir, check_seed, check_workers
 
     check_workers(workers)
     for seed in seeds:

@@ -24,11 +24,11 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
+from common.errors import BadInput
+from common.validate import check_out_dir
 from flows import progress
 from infra import tracking as T
 from infra.provision import gpu_slots, task_runner
-from rlhfops.errors import BadInput
-from rlhfops.validate import check_out_dir
 from tasks.retry import backoff
 from tasks.timing import clock
 from tasks.tracking import parent_run

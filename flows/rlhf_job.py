@@ -17,12 +17,12 @@ from typing import Any
 import yaml
 from prefect import flow
 
+from common.errors import BadInput
+from common.validate import check_out_dir
 from flows import progress
 from flows.params import AlertProfile, DetectorName, Overlap
 from infra import tracking as T
 from infra.provision import gpu_slots, wait_for_api
-from rlhfops.errors import BadInput
-from rlhfops.validate import check_out_dir
 from tasks.retry import backoff
 from tasks.timing import clock
 from tasks.tracking import error_tags, parent_run

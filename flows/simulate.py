@@ -15,11 +15,11 @@ from prefect import flow
 from prefect.artifacts import create_table_artifact
 from prefect.futures import as_completed
 
+from common.validate import check_out_dir, check_workers
 from flows import progress
 from flows.params import ExperimentName
 from infra import tracking as T
 from infra.provision import compute_pool, task_runner
-from rlhfops.validate import check_out_dir, check_workers
 from scheduling.experiments import aggregate, load_experiment, scale, units_for
 from scheduling.plots import plot_summary
 from tasks.retry import backoff
@@ -31,7 +31,7 @@ from tasks.tracking import ParentRun, parent_run, track_variant
 def resolve_experiment(experiment: str, seeds: list[int] | None = None, jobs: int | None = None,
                        gpus: int | None = None, overrides: dict[str, Any] | None = None):
     """Validate the whole experiment before anything runs (raises BadInput naming the field)."""
-    from rlhfops.errors import BadInput
+    from common.errors import BadInput
 
     if jobs is not None and jobs < 1:
         raise BadInput("jobs: must be >= 1")

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from rlhfops.errors import BadInput, describe_validation_error
+from common.errors import BadInput, describe_validation_error
 
 #: wall-clock phases of one step (same names as training.metrics.PHASES; a test keeps them equal)
 PHASES = ("rollout", "score", "sync", "optim", "eval")
@@ -63,7 +63,7 @@ def load_prices(path: str | Path | None = None) -> PriceTable:
     path = Path(path) if path is not None else DEFAULT_PRICES_FILE
     if not path.is_file():
         raise BadInput(f"prices file '{path}' not found (see configs/prices.yaml)")
-    from rlhfops.validate import read_yaml_mapping
+    from common.validate import read_yaml_mapping
 
     raw = read_yaml_mapping(path, "prices")  # UTF-8, valid YAML, a mapping
     try:

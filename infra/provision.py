@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rlhfops.errors import BadInput
+from common.errors import BadInput
 
 RUNNERS = ("thread", "ray")
 GPU_LIMIT = "gpu-slots"

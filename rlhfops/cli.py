@@ -8,7 +8,7 @@ import sys
 import typer
 from pydantic import ValidationError
 
-from rlhfops.errors import BadInput, describe_validation_error
+from common.errors import BadInput, describe_validation_error
 
 app = typer.Typer(
     help="rlhfops: OPPO-accelerated RLHF training, EvalStop scheduling, run health, Prefect + MLflow.",

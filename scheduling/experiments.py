@@ -20,8 +20,8 @@ import yaml
 from pydantic import ValidationError
 from scipy import stats
 
-from rlhfops.errors import BadInput, describe_validation_error
-from rlhfops.validate import check_memory, read_yaml_mapping, set_dotted, validate_with_overrides
+from common.errors import BadInput, describe_validation_error
+from common.validate import check_memory, read_yaml_mapping, set_dotted, validate_with_overrides
 from scheduling.config import ExperimentConfig, simulation_memory_bytes
 from scheduling.engine import simulate
 from scheduling.metrics import job_table, summarize
@@ -151,7 +151,7 @@ def run_unit(unit: Unit) -> tuple[list[dict], list[pd.DataFrame]]:
 
 def units_for(cfg: ExperimentConfig, keep_jobs: bool = True, workers: int | None = None) -> list[Unit]:
     """The (variant, seed) units, after checking the experiment's memory estimate against the limit
-    (rlhfops.validate.check_memory) so a huge `jobs` fails in one line instead of a MemoryError."""
+    (common.validate.check_memory) so a huge `jobs` fails in one line instead of a MemoryError."""
     check_memory(simulation_memory_bytes(cfg, workers or os.cpu_count() or 1, keep_jobs), "workload.jobs",
                  f"{cfg.name} ({cfg.workload.jobs:,} jobs x {len(cfg.seeds)} seeds x "
                  f"{sum(len(v.schedulers or cfg.schedulers) for v in cfg.variants)} scheduler runs)",

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from rlhfops.errors import BadInput
+from common.errors import BadInput
 
 #: attempts = 1 + RETRIES; with 30% injected failures per attempt a task fails for good with
 #: probability 0.3**6 ~ 0.07%

@@ -18,12 +18,13 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from common.errors import BadInput
+
 # the trainer (torch, transformers) is imported with this module, not inside the first task that needs it: a flow
 # module loads before its flow run starts (`rlhfops nightly` loads it while the temporary Prefect server starts),
 # so the 3-5 s import is paid at start-up instead of stalling the nightly's job stage
 from eval.states import RunState
 from infra import tracking as T
-from rlhfops.errors import BadInput
 from tasks.retry import RETRIES, backoff, maybe_fail, retry_transient
 from tasks.timing import clock
 from training.trainer import Trainer, gold_eval

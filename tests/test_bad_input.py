@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common.errors import BadInput
 from rlhfops import cli
-from rlhfops.errors import BadInput
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -417,7 +417,7 @@ def test_flow_parameters_go_through_the_same_validators(tmp_path):
     with pytest.raises(BadInput, match="steps: 0"):
         resolve_train_config(str(REPO / "configs" / "ppo-tiny.yaml"), None, 0)
     (tmp_path / "f").write_text("x")
-    from rlhfops.validate import check_out_dir
+    from common.validate import check_out_dir
 
     with pytest.raises(BadInput, match="out_dir: "):
         check_out_dir(tmp_path / "f", "out_dir")

@@ -180,7 +180,7 @@ def test_a_reopened_parent_run_is_owned_by_the_process_that_reopened_it(store):
 
 
 def test_a_second_writer_gets_one_line_naming_the_directory_and_holder(tmp_path):
-    from rlhfops.errors import BadInput
+    from common.errors import BadInput
     from training.rundir import RunDirBusy, locked_run_dir
 
     with locked_run_dir(tmp_path / "run"):

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from common.errors import BadInput
 from eval.detectors import Checkpoint, Detector, EvalStop, LossPlateau, StopAt, make_detector
 from eval.traces import detection_quality, load_trace, runs_from_trace, verdicts
-from rlhfops.errors import BadInput
 
 
 def first_stop(det, evals, losses=None, progress=None):

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from common.errors import BadInput
 from eval.health import (
     ALERTS,
     DEFAULT_ALERTS_FILE,
@@ -16,7 +17,6 @@ from eval.health import (
     measure_false_positive_rates,
     synthetic_fleet,
 )
-from rlhfops.errors import BadInput
 
 
 def cli(*args):

@@ -5,8 +5,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from common.errors import BadInput
 from infra.ledger import MICRO, PHASES, Ledger, PriceTable, load_prices
-from rlhfops.errors import BadInput
 from training.metrics import PHASES as TRAINER_PHASES
 from training.metrics import StepRecord
 

@@ -225,8 +225,8 @@ def test_negative_counts_are_refused(field):
 
 
 def test_price_file_errors_name_the_file(tmp_path):
+    from common.errors import BadInput
     from infra.ledger import load_prices
-    from rlhfops.errors import BadInput
 
     missing = tmp_path / "nope.yaml"
     with pytest.raises(BadInput, match=f"prices file '{missing}' not found"):

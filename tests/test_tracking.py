@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from common.errors import BadInput
 from infra import tracking as T
-from rlhfops.errors import BadInput
 
 
 @pytest.fixture(scope="module")

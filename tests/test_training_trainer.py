@@ -7,7 +7,7 @@ import math
 import pytest
 import yaml
 
-from rlhfops.errors import BadInput
+from common.errors import BadInput
 from training.config import TrainConfig, load_config
 from training.metrics import StepRecord
 from training.trace import TRACE_COLUMNS, export_trace

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rlhfops.errors import BadInput
+from common.errors import BadInput
 
 
 class Strict(BaseModel):
@@ -236,7 +236,7 @@ def train_memory_bytes(cfg: TrainConfig) -> float:
 
 def check_train_memory(cfg: TrainConfig) -> None:
     """BadInput before any model is allocated when the estimate exceeds the memory limit."""
-    from rlhfops.validate import check_memory
+    from common.validate import check_memory
 
     positions = PROMPT_POSITIONS + 2 * cfg.ppo.max_new_tokens
     sizes = ", ".join(f"{role} {parameter_count(mc, positions) / 1e6:,.1f}M parameters"
@@ -249,7 +249,7 @@ def check_train_memory(cfg: TrainConfig) -> None:
 def check_train_resources(cfg: TrainConfig) -> None:
     """What the config names on disk, checked before anything is built: local checkpoints exist (a missing
     directory would otherwise be looked up on the Hugging Face Hub) and the warm-start cache is a directory."""
-    from rlhfops.validate import check_out_dir
+    from common.validate import check_out_dir
 
     for field, path in (("policy.model_name_or_path", cfg.policy.model_name_or_path),
                         ("reward.model_name_or_path", cfg.reward.model_name_or_path),
@@ -266,7 +266,7 @@ def resolve_config(config: str | Path | dict, overrides: dict | None = None) -> 
     Errors are one line naming the file (or the override) and the field; nothing is built or written."""
     import copy
 
-    from rlhfops.validate import read_yaml_mapping, validate_with_overrides
+    from common.validate import read_yaml_mapping, validate_with_overrides
 
     if isinstance(config, dict):
         raw, source = copy.deepcopy(config), "config"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from rlhfops.errors import BadInput
+from common.errors import BadInput
 
 LOCK_NAME = ".lock"
 HOLDER_NAME = ".lock.holder"  # who holds the lock, for the error message (the lock file itself stays empty)

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
-from rlhfops.errors import BadInput
+from common.errors import BadInput
 from training.metrics import StepRecord
 
 TRACE_COLUMNS = ("run_id", "step", "eval_score", "reward", "loss", "kl", "entropy", "grad_norm", "response_len",

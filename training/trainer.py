@@ -46,7 +46,7 @@ import torch
 import yaml
 from transformers.utils import logging as hf_logging
 
-from rlhfops.errors import BadInput
+from common.errors import BadInput
 from training import ppo as P
 from training.config import TrainConfig
 from training.engine import IncrementalScorer, TransformersEngine, left_pad

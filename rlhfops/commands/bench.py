@@ -54,8 +54,8 @@ def bench_sim(
     out: Path = typer.Option(None, "--out", help="write the JSON here"),
 ) -> None:
     """E1-E8 x 5 seeds wall time, then one large run: wall, peak RSS, events per second."""
-    from rlhfops.errors import BadInput
-    from rlhfops.validate import check_memory, check_out_file
+    from common.errors import BadInput
+    from common.validate import check_memory, check_out_file
     from scheduling.bench import bench_matrix
 
     if jobs < 1 or gpus < 8 or not 0 < load <= 2:

@@ -86,10 +86,10 @@ def register_bench(bench_app: typer.Typer) -> None:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
         from rich.table import Table
 
+        from common.errors import BadInput
+        from common.validate import check_memory, check_out_file, check_workers
         from rlhfops.commands.bench import write_json
         from rlhfops.console import make_console
-        from rlhfops.errors import BadInput
-        from rlhfops.validate import check_memory, check_out_file, check_workers
 
         if runs < 1 or steps < 100 or repeats < 1 or workers < 1:
             raise BadInput("bench health: need --runs >= 1, --steps >= 100, --repeats >= 1, --workers >= 1")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from rlhfops.errors import BadInput
+from common.errors import BadInput
 
 
 def register_bench(bench_app: typer.Typer) -> None:
@@ -33,7 +33,7 @@ def register_bench(bench_app: typer.Typer) -> None:
             raise BadInput("--target-frac: must be in (0, 1]")
         if steps is not None and steps < 10:
             raise BadInput("--steps: need at least 10 steps per mode")
-        from rlhfops.validate import check_out_file
+        from common.validate import check_out_file
 
         check_out_file(out, "out")
         if out is not None:

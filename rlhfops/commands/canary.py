@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from rlhfops.errors import BadInput
+from common.errors import BadInput
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ def register(app: typer.Typer) -> None:
         fault_at = fault_at if fault_at is not None else (8 if quick else 30)
         if steps < 10 or not 0 <= fault_at < steps:
             raise BadInput("--steps/--fault-at: need --steps >= 10 and 0 <= --fault-at < --steps")
-        from rlhfops.validate import check_out_dir, check_out_file
+        from common.validate import check_out_dir, check_out_file
 
         if metrics_port is not None and not 1 <= metrics_port <= 65535:
             raise BadInput(f"metrics_port: {metrics_port} is not a TCP port (1-65535)")

@@ -9,8 +9,8 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from common.errors import BadInput
 from rlhfops.console import make_console
-from rlhfops.errors import BadInput
 
 
 def parse_params(items: list[str]) -> dict[str, float | int | str]:
@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
         if calibrate is not None:
             _calibrate(console, name, det, calibrate, direction, target_fsr, config, explicit=parse_params(param))
             return
-        from rlhfops.validate import check_out_file
+        from common.validate import check_out_file
 
         check_out_file(out or trace.with_name(trace.stem + ".verdicts.csv"), "out")
         df = load_trace(trace)

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from rlhfops.errors import BadInput
+from common.errors import BadInput
 
 
 def prefect_env(verbose: bool = False) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import typer
 
-from rlhfops.errors import BadInput
+from common.errors import BadInput
 
 #: optional per-step columns the catalog reads beyond DESIGN.md's trace columns (the trainer's StepRecord
 #: carries them; older traces simply lack them)
@@ -76,10 +76,10 @@ def register(app: typer.Typer) -> None:
         import pandas as pd
         from rich.table import Table
 
+        from common.validate import check_out_file
         from eval.health import ALERTS, Catalog, load_alerts_config, replay_alert
         from eval.traces import load_trace
         from rlhfops.console import make_console
-        from rlhfops.validate import check_out_file
 
         config = load_alerts_config(alerts)
         names = list(config.alerts)

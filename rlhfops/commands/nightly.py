@@ -9,8 +9,8 @@ from pathlib import Path
 
 import typer
 
+from common.errors import BadInput
 from rlhfops.commands.flowrun import prefect_env, run_flow, start_prefect_api
-from rlhfops.errors import BadInput
 
 
 def split_list(text: str | None) -> list[str] | None:
@@ -24,8 +24,8 @@ def split_list(text: str | None) -> list[str] | None:
 def check_nightly_args(workers: int | None, experiments: str | None, canaries: str | None, out: Path,
                        cache_dir: str) -> None:
     """What the nightly flow checks too, checked here before the Prefect server starts (10-18 s)."""
+    from common.validate import check_out_dir, check_workers
     from rlhfops.commands.canary import CANARIES
-    from rlhfops.validate import check_out_dir, check_workers
     from scheduling.experiments import EXPERIMENTS
 
     check_workers(workers)

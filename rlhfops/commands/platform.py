@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from rlhfops.errors import BadInput
+from common.errors import BadInput
 
 
 def register(app: typer.Typer) -> None:
@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
             raise BadInput("--slots: must be >= 1")
         if steps < 4:
             raise BadInput("--steps: must be >= 4")
-        from rlhfops.validate import check_out_dir
+        from common.validate import check_out_dir
         from scheduling.policies import parse_scheduler
 
         try:

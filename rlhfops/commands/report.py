@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from rlhfops.errors import BadInput
+from common.errors import BadInput
 
 METRICS = ("jct_mean", "wasted_frac", "saved_frac", "precision", "recall", "fpr", "jain", "ttfuc_mean")
 
@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
                 raise BadInput(f"--metrics: unknown metric '{m}' (choose from: {', '.join(METRICS)})")
         if not chosen:
             raise BadInput("--metrics: name at least one metric")
-        from rlhfops.validate import check_out_file
+        from common.validate import check_out_file
 
         check_out_file(out, "out")
         console = make_console()

@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from common.errors import BadInput
+from common.validate import check_out_dir, check_out_file, check_seed, check_workers
 from rlhfops.console import make_console
-from rlhfops.errors import BadInput
-from rlhfops.validate import check_out_dir, check_out_file, check_seed, check_workers
 
 
 def _pct(x: float) -> str:

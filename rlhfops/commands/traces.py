@@ -10,8 +10,8 @@ import pandas as pd
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from common.errors import BadInput
 from rlhfops.console import make_console
-from rlhfops.errors import BadInput
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 #: shipped configs and their labels (1: over-optimises the proxy, 0: healthy)
@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"--seeds '{seeds}': expected comma-separated integers") from None
         if not seed_list:
             raise BadInput("--seeds: give at least one seed")
-        from rlhfops.validate import check_out_dir, check_out_file, check_seed
+        from common.validate import check_out_dir, check_out_file, check_seed
 
         for seed in seed_list:
             check_seed(seed, "seeds")

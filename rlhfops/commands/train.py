@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from rlhfops.errors import BadInput
+from common.errors import BadInput
 
 OVERLAP_HELP = ("none: sequential PPO; intra: stream C-token chunks to the reward/reference/critic while "
                 "decoding; inter: start B+Delta prompts, train on the first B to finish, defer the rest; "
@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
             raise BadInput("--steps: must be between 1 and 10,000,000 (the config's bound on steps)")
         if label not in (None, 0, 1):
             raise BadInput("--label: must be 0 (healthy) or 1 (hacking)")
-        from rlhfops.validate import check_out_dir, check_out_file
+        from common.validate import check_out_dir, check_out_file
 
         cfg = load_config(config)
         out = out or Path("runs") / f"{config.stem}-{overlap}"

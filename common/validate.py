@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rlhfops.errors import BadInput
+from common.errors import BadInput
 
 #: environment variable that raises (or lowers) the memory bound of `check_memory`
 MEMORY_LIMIT_ENV = "RLHFOPS_MEMORY_LIMIT_GIB"
@@ -226,7 +226,7 @@ def validate_with_overrides(model: Any, raw: dict, overrides: dict[str, Any] | N
 
     from pydantic import ValidationError
 
-    from rlhfops.errors import describe_validation_error
+    from common.errors import describe_validation_error
 
     overrides = dict(overrides or {})
     try:
