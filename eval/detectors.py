@@ -657,6 +657,7 @@ class Divergence(Detector):
 DETECTORS: dict[str, type[Detector]] = {
     cls.name: cls for cls in (EvalStop, StopAt, LossPlateau, MinDeltaPatience, Cusum, Bocpd, Divergence)
 }
+import eval.patience  # noqa: E402,F401,I001 - registers NoisePatience (new detectors live in their own modules)
 #: the early-stop detectors an eval gate can run; `DETECTORS` also gains the run-health alerts once
 #: `eval.health` is imported, so choices offered to users are read from this fixed tuple instead
 EARLY_STOP_DETECTORS: tuple[str, ...] = tuple(DETECTORS)
@@ -664,7 +665,7 @@ EARLY_STOP_DETECTORS: tuple[str, ...] = tuple(DETECTORS)
 #: The detector `rlhfops detect` and the live platform use when none is named. Its thresholds are not the
 #: class defaults: they come from configs/detectors.yaml, calibrated to a stated false-stop rate on healthy
 #: runs (`rlhfops detect --calibrate HEALTHY.csv`); see docs/detectors.md for how it was chosen.
-DEFAULT_DETECTOR = "divergence"
+DEFAULT_DETECTOR = "noisepatience"
 
 #: the versioned thresholds `make_detector` reads (a platform recalibrates on its own fleet and commits it)
 DETECTOR_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "detectors.yaml"
