@@ -500,7 +500,7 @@ def __getattr__(name: str) -> Any:
 #: The detector `rlhfops detect` and the live platform use when none is named. Its thresholds are not the
 #: class defaults: they come from configs/detectors.yaml, calibrated to a stated false-stop rate on healthy
 #: runs (`rlhfops detect --calibrate HEALTHY.csv`); see docs/detectors.md for how it was chosen.
-DEFAULT_DETECTOR = "divergence"
+DEFAULT_DETECTOR = "noisepatience"
 
 #: the versioned thresholds `make_detector` reads (a platform recalibrates on its own fleet and commits it)
 DETECTOR_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "detectors.yaml"

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from eval.detectors import DEFAULT_DETECTOR, DETECTORS, make_detector
+from eval.detectors import DEFAULT_DETECTOR, DETECTORS, EARLY_STOP_DETECTORS, make_detector
 from scheduling.experiments import Unit, load_experiment, run_units, units_for
 
 DETECTOR_SCHEDULERS = ["SRTF-Est", "EvalStop+SRTF", "Patience+SRTF", "CUSUM+SRTF", "BOCPD+SRTF",
-                       "Divergence+SRTF", "LossPlateau+SRTF"]
+                       "Divergence+SRTF", "NoisePatience+SRTF", "LossPlateau+SRTF"]
 NOISE_KINDS = ("gaussian", "student_t", "ar1")
 
 
@@ -102,7 +102,7 @@ def replay_traces(path) -> pd.DataFrame:
         det = make_detector(name)
         if name == "stopat" or any(need not in df.columns for need in det.needs if need != "progress"):
             continue
-        if not hasattr(det, "start") or type(det).__module__ != "eval.detectors":
+        if name not in EARLY_STOP_DETECTORS:
             continue  # the run-health alerts are not early-stop rules
         v = verdicts(det, runs)
         q = detection_quality(v)
@@ -197,20 +197,30 @@ def corpus_table(corpus: Path, split: str) -> pd.DataFrame:
     rows = []
     for name in DETECTORS:
         det = make_detector(name)
-        if type(det).__module__ != "eval.detectors" or name in ("stopat", "lossplateau"):
+        if name not in EARLY_STOP_DETECTORS or name in ("stopat", "lossplateau"):
             continue  # stopat needs the planned length, lossplateau a training loss: the corpus has neither for all
         q = detection_quality(verdicts(det, runs))
         rows.append({"detector": det.label, "name": name, **q})
     return pd.DataFrame(rows)
 
 
+def _ci(k: int, n: int) -> str:
+    """`k/n = rate (95% CI low-high)`, the interval exact (Clopper-Pearson, scipy.stats.binomtest)."""
+    from eval.calibrate import false_stop_check
+
+    if not n:
+        return f"{k}/{n}"
+    c = false_stop_check(k, n)
+    return f"{k}/{n} = {_f(c.rate, True)} (95% CI {_f(c.low, True)}-{_f(c.high, True)})"
+
+
 def calibration_check(corpus: Path) -> str:
-    """The default's calibrated bars: its target, the tune fleet each bar was fitted on (runs that record the
-    proxy reward, runs that do not), the false-stop rate per kind on both halves with a 95% exact CI, and the
-    issue's acceptance lines on the report half."""
+    """The default's calibrated bar: its target, the tune fleet it was fitted on, the false-stop rate per kind of
+    run (with and without a proxy reward) on both halves with a 95% exact CI, and the issue's acceptance lines on
+    the report half."""
     import yaml
 
-    from eval.calibrate import false_stop_check, has_proxy
+    from eval.calibrate import calibration_groups, has_proxy
     from eval.detectors import DETECTOR_CONFIG
     from eval.traces import detection_quality, runs_from_trace, verdicts
 
@@ -228,33 +238,40 @@ def calibration_check(corpus: Path) -> str:
             for r in group:
                 m = det.start()
                 stopped += any(m.observe(cp) for cp in r.checkpoints)
-            c = false_stop_check(stopped, len(group))
-            lines.append(f"- `{split}`, healthy runs {kind}: {stopped}/{len(group)} stopped = {_f(c.rate, True)} "
-                         f"(95% CI {_f(c.low, True)}-{_f(c.high, True)})")
-    q = detection_quality(verdicts(det, runs_from_trace(load_corpus_split(corpus, "report"))))
-    fsr = false_stop_check(q["fp"], q["healthy"])
+            lines.append(f"- `{split}`, healthy runs {kind}: {_ci(stopped, len(group))} stopped")
+    report_runs = runs_from_trace(load_corpus_split(corpus, "report"))
+    q = detection_quality(verdicts(det, report_runs))
     accept = [
-        ("at most 3% of healthy runs stopped", q["false_stop_rate"] <= 0.03,
-         f"{q['fp']}/{q['healthy']} = {_f(q['false_stop_rate'], True)} (95% CI {_f(fsr.low, True)}-"
-         f"{_f(fsr.high, True)})"),
+        ("at most 3% of healthy runs stopped", q["false_stop_rate"] <= 0.03, _ci(q["fp"], q["healthy"])),
         ("at least 85% of hacking runs stopped after their gold peak and before their end",
-         q["useful_recall"] >= 0.85, f"{q['useful']}/{q['hacking']} = {_f(q['useful_recall'], True)}"),
+         q["useful_recall"] >= 0.85, _ci(q["useful"], q["hacking"])),
         ("mean quality kept above zero", q["quality_kept"] > 0.0, f"{q['quality_kept']:+.3f}"),
     ]
     cal = entry.get("calibrated_on") or {}
-    return (f"Calibration: `{DEFAULT_DETECTOR}` {det.params()} — target false-stop rate "
-            f"{entry.get('target_false_stop_rate')}, fitted on {cal.get('fleet')} ({cal.get('healthy_runs')} healthy "
-            f"runs, {cal.get('stopped')} stopped) by `rlhfops detect --calibrate data/curves`, each bar on the healthy "
-            "tune runs of its kind: `z_own` (the divergence signature, judged on the run's own noise from 8 "
-            "checkpoints on) on runs that record the proxy reward, `z_decline` (the decline rule: the last `hold` "
-            "evals all more than `hold_drawdown` of the range below the best, by more than z_decline noise SDs, "
-            "never below 3) on runs that do not. The gate bar `z` (runs with a gate SE, while they have fewer than 8 "
-            "checkpoints) was chosen on the simulator (see above) and is not refitted here. Checked on the "
-            "held-back half (Clopper-Pearson intervals, scipy.stats.binomtest):\n\n"
+    keys = ", ".join(f"`{key}`" for key, _runs in calibration_groups(det, [r.checkpoints for r in report_runs]))
+    low_all = false_stop_check_low(q["hacking"])
+    return (f"Calibration: `{DEFAULT_DETECTOR}` {det.params()} — {keys} fitted to the target false-stop rate "
+            f"{entry.get('target_false_stop_rate')} on {cal.get('fleet')} ({cal.get('healthy_runs')} healthy runs, "
+            f"{cal.get('stopped')} stopped) by `rlhfops detect --detector {DEFAULT_DETECTOR} --calibrate "
+            "data/curves`; the other parameters were chosen before it on the tune half (patience, drawdown) and on "
+            "simulator seeds 1-100 (the gate-phase bars and `gate_from`; configs/detectors.yaml's changelog says "
+            "how). Checked on both halves (Clopper-Pearson intervals, scipy.stats.binomtest):\n\n"
             + "\n".join(lines) + "\n\n"
             "Issue 14's acceptance on the `report` half, default detector with no parameters:\n\n"
             + "\n".join(f"- {name}: **{'met' if ok else 'NOT met'}** ({value})" for name, ok, value in accept)
-            + "\n")
+            + "\n\n"
+            f"The report half holds only {q['hacking']} hacking runs, so its useful recall is a coarse measurement: "
+            f"even {q['hacking']}/{q['hacking']} would have a 95% lower bound of {_f(low_all, True)}, and one run "
+            f"more or less moves it by {_f(1 / q['hacking'], True) if q['hacking'] else '—'}. Its false-stop rate "
+            "rests on about 100 healthy runs: the upper bound of its interval, not the point estimate, is what a "
+            "tenant can rely on.\n")
+
+
+def false_stop_check_low(n: int) -> float:
+    """The 95% exact lower bound of a rate observed as n/n."""
+    from eval.calibrate import false_stop_check
+
+    return false_stop_check(n, n).low if n else float("nan")
 
 
 def render_corpus(tune: pd.DataFrame, report: pd.DataFrame, corpus: Path) -> str:
@@ -275,15 +292,18 @@ def render_corpus(tune: pd.DataFrame, report: pd.DataFrame, corpus: Path) -> str
             continue
         r0 = table.iloc[0]
         out.append(f"### `{split}` split: {r0.runs} runs ({r0.hacking} hacking, {r0.healthy} healthy)\n")
-        out.append("| Detector | Useful recall | False-stop rate (95% CI) | Hacking stopped before peak | at end | "
-                   "Quality kept | Compute saved | Delay | Precision | Recall |")
+        out.append("| Detector | Useful recall (95% CI) | False-stop rate (95% CI) | Hacking stopped before peak | "
+                   "at end | Quality kept | Compute saved | Delay | Precision | Recall |")
         out.append("|---|---|---|---|---|---|---|---|---|---|")
         for _, r in table.iterrows():
             ci = false_stop_check(int(r.fp), int(r.healthy)) if r.healthy else None
             fsr = f"{_f(r.false_stop_rate, True)} ({r.fp}/{r.healthy}; {_f(ci.low, True)}-{_f(ci.high, True)})" \
                 if ci else "—"
             name = f"**{r.detector}**" if r["name"] == DEFAULT_DETECTOR else r.detector
-            out.append(f"| {name} | {_f(r.useful_recall, True)} ({r.useful}/{r.hacking}) | {fsr} | {r.early_stops} | "
+            uci = false_stop_check(int(r.useful), int(r.hacking)) if r.hacking else None
+            useful = f"{_f(r.useful_recall, True)} ({r.useful}/{r.hacking}; {_f(uci.low, True)}-{_f(uci.high, True)})" \
+                if uci else "—"
+            out.append(f"| {name} | {useful} | {fsr} | {r.early_stops} | "
                        f"{r.end_stops} | {r.quality_kept:+.3f} | {_f(r.compute_saved, True)} | {_f(r.delay)} | "
                        f"{_f(r.precision, True)} | {_f(r.recall, True)} |")
         out.append("")

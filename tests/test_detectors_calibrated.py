@@ -114,7 +114,8 @@ def test_lower_is_better_metric_is_declared_not_guessed(tmp_path):
         loss, direction="min")).stop_step] == want
     # not declared: read as higher-is-better, a different (wrong) answer
     assert stop_indices("divergence", loss) != want
-    res = runner.invoke(app, ["detect", write(tmp_path, loss), "--direction", "lower", "--param", "z_own=1",
+    res = runner.invoke(app, ["detect", write(tmp_path, loss), "--detector", "divergence", "--direction", "lower",
+                              "--param", "z_own=1",
                               "--out", str(tmp_path / "v.csv")])
     assert res.exit_code == 0, res.output
     v = pd.read_csv(tmp_path / "v.csv")
@@ -181,8 +182,8 @@ def test_calibrate_on_a_small_fleet_hits_the_target_and_is_minimal(tmp_path):
     df = fleet(11, runs=30)
     healthy = df[df.label == 0]
     config = tmp_path / "detectors.yaml"
-    res = runner.invoke(app, ["detect", "--calibrate", write(tmp_path, df), "--target-fsr", "0.1",
-                              "--config", str(config)])
+    res = runner.invoke(app, ["detect", "--calibrate", write(tmp_path, df), "--detector", "divergence",
+                              "--target-fsr", "0.1", "--config", str(config)])
     assert res.exit_code == 0, res.output
     import yaml
 

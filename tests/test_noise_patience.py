@@ -1,0 +1,203 @@
+"""NoisePatience (eval/patience.py), the default detector, against hand-computed stops and a plain re-implementation.
+
+The oracle here recomputes the rule from its definition with numpy (its own noise estimate: MAD of second
+differences / sqrt 6, floored by the gate's SE), independently of eval.detectors.RunNoise."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from eval.calibrate import calibrate
+from eval.detectors import DEFAULT_DETECTOR, Checkpoint, make_detector
+from eval.patience import WARMUP, NoisePatience
+from eval.traces import load_trace, runs_from_trace, verdicts
+
+NAN = float("nan")
+
+
+def first_stop(det, evals, rewards=None, se=NAN, progress=None) -> int:
+    m = det.start()
+    for i, e in enumerate(evals):
+        cp = Checkpoint(step=float(i), eval_score=float(e), eval_se=se,
+                        reward=NAN if rewards is None else float(rewards[i]),
+                        progress=NAN if progress is None else float(progress[i]))
+        if m.observe(cp):
+            return i
+    return -1
+
+
+def oracle_sigma(y: np.ndarray, se: float) -> float:
+    d2 = y[2:] - 2 * y[1:-1] + y[:-2]
+    dev = np.abs(d2 - np.median(d2))
+    mad = np.median(dev)
+    sd = (1.482602218505602 * mad if mad > 0 else math.sqrt(math.pi / 2) * dev.mean()) / math.sqrt(6)
+    return max(sd, se) if se > 0 else sd
+
+
+def oracle_stop(evals, patience, z, drawdown, rewards=None, se=NAN) -> int:
+    """The rule from its definition (long runs; no gate phase: runs without an SE, or judged after WARMUP)."""
+    y = np.asarray(evals, dtype=float)
+    for t in range(WARMUP - 1, len(y)):
+        seen = y[: t + 1]
+        if len(seen) <= patience:
+            continue
+        sigma = oracle_sigma(seen, se)
+        best, low, recent = seen.max(), seen.min(), seen[-patience:].max()
+        if not sigma > 0 or best - recent <= drawdown * (best - low):
+            continue
+        if rewards is not None:
+            w = np.asarray(rewards[t + 1 - patience: t + 1], dtype=float)
+            if np.polyfit(np.arange(len(w)), w, 1)[0] <= 0:
+                continue
+        if (best - recent) / sigma > z:
+            return t
+    return -1
+
+
+# a rise to 10, a fall to 3-4 from index 8 on
+HAND = [0, 2, 4, 6, 8, 10, 9.5, 9, 3, 4, 3, 4, 3, 4]
+
+
+def test_hand_computed_stops():
+    # z = 0: the noise only has to be positive, so the stop is where the last `patience` evals all sit more than
+    # half the range (10 - 0) below the best 10, i.e. their max < 5: indices 8-10 for patience 3 (max 4)
+    assert first_stop(NoisePatience(patience=3, z=0.0, drawdown=0.5), HAND) == 10
+    assert first_stop(NoisePatience(patience=2, z=0.0, drawdown=0.5), HAND) == 9  # 3, 4
+    # a 70% drawdown needs the last evals below 3: never (3 is not below 3)
+    assert first_stop(NoisePatience(patience=3, z=0.0, drawdown=0.7), HAND) == -1
+    # a proxy that falls over the window is a collapse, not hacking; a rising one is the signature
+    rising, falling = list(range(14)), list(range(8)) + [7 - k for k in range(6)]
+    assert first_stop(NoisePatience(patience=3, z=0.0, drawdown=0.5), HAND, rewards=rising) == 10
+    assert first_stop(NoisePatience(patience=3, z=0.0, drawdown=0.5), HAND, rewards=falling) == -1
+    # the noise bar: at index 10 the drop is 10 - 4 = 6 and the own noise of HAND[:11] is oracle_sigma
+    sigma = oracle_sigma(np.array(HAND[:11], dtype=float), NAN)
+    assert first_stop(NoisePatience(patience=3, z=6 / sigma * 0.999, drawdown=0.5), HAND) == 10
+    assert first_stop(NoisePatience(patience=3, z=6 / sigma * 1.001, drawdown=0.5), HAND) != 10
+
+
+def random_runs(n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    runs = []
+    for _ in range(n):
+        k = int(rng.integers(10, 40))
+        peak = int(rng.integers(3, k))
+        t = np.arange(k)
+        clean = np.minimum(t, peak) - rng.uniform(0, 2) * np.maximum(t - peak, 0)
+        runs.append(clean + rng.normal(0, rng.uniform(0.1, 3.0), k))
+    return runs
+
+
+def test_matches_a_plain_reimplementation():
+    det = NoisePatience(patience=4, z=1.5, drawdown=0.3)
+    runs = random_runs(120, seed=7)
+    stops = [first_stop(det, y) for y in runs]
+    assert stops == [oracle_stop(y, 4, 1.5, 0.3) for y in runs]
+    assert 10 < sum(s >= 0 for s in stops) < 110  # the comparison is not vacuous
+    # with a gate SE the noise is floored by it (runs judged from WARMUP on: no progress, no gate-phase stop)
+    for se in (0.5, 5.0):
+        assert [first_stop(det, y, se=se) for y in runs] == [oracle_stop(y, 4, 1.5, 0.3, se=se) for y in runs]
+
+
+@pytest.mark.parametrize("a,b", [(2.0**-7, 0.0), (2.0**5, -17.0), (1e-3, 1e3), (250.0, 0.1)])
+def test_affine_change_of_units_gives_the_same_verdicts(a, b):
+    det = make_detector(DEFAULT_DETECTOR)
+    runs = random_runs(80, seed=11)
+    base = [first_stop(det, y) for y in runs]
+    assert base == [first_stop(det, a * y + b) for y in runs]
+    # short gated runs (the simulator's 7 checkpoints, judged on the SE from half-way): the SE scales too
+    rng = np.random.default_rng(3)
+    progress = np.linspace(1 / 7, 1.0, 7)
+    short = [np.r_[np.linspace(0, 1, 4), 1 - np.linspace(0.1, 0.4, 3)] + rng.normal(0, 0.05, 7) for _ in range(60)]
+    gated = [first_stop(det, y, se=0.05, progress=progress) for y in short]
+    assert gated == [first_stop(det, a * y + b, se=0.05 * a, progress=progress) for y in short]
+    assert any(s >= 0 for s in base) and any(s >= 0 for s in gated)
+
+
+def test_short_gated_runs_use_the_divergence_gate_test_from_gate_from_on():
+    det = make_detector(DEFAULT_DETECTOR)
+    gate = make_detector("divergence", window=det.window, z=det.z_gate, short_ratio=det.short_ratio)
+    rng = np.random.default_rng(5)
+    progress = np.linspace(1 / 7, 1.0, 7)
+    compared = 0
+    for _ in range(200):
+        y = np.r_[np.linspace(0, 1, 4), 1 - np.linspace(0.1, 0.4, 3)] + rng.normal(0, 0.08, 7)
+        g = first_stop(gate, y, se=0.08)
+        # the gate test's first stop counts once the trainer reports gate_from of its steps done
+        want = g if g >= 0 and progress[g] >= det.gate_from else -1
+        if g >= 0 and progress[g] < det.gate_from:
+            continue  # the divergence monitor would have stopped earlier; later stops are not its first
+        assert first_stop(det, y, se=0.08, progress=progress) == want
+        compared += 1
+        # unknown progress (NaN): a short run is never stopped on the gate test
+        assert first_stop(det, y, se=0.08) == -1
+    assert compared > 150
+
+
+def write_trace(path, runs: dict[str, list[float]], direction: str | None = None, se: float | None = None) -> None:
+    rows = []
+    for run_id, ys in runs.items():
+        for i, y in enumerate(ys):
+            row = {"run_id": run_id, "step": 10 * i, "eval_score": y}
+            if direction:
+                row["direction"] = direction
+            if se is not None:
+                row["eval_se"] = se
+            rows.append(row)
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def test_trace_without_eval_se_is_judged_on_its_own_noise(tmp_path):
+    runs = {f"r{i}": list(y) for i, y in enumerate(random_runs(40, seed=13))}
+    write_trace(tmp_path / "t.csv", runs)
+    df = load_trace(tmp_path / "t.csv")
+    assert "eval_se" not in df.columns
+    det = make_detector(DEFAULT_DETECTOR)
+    v = verdicts(det, runs_from_trace(df)).set_index("run_id")
+    for run_id, ys in runs.items():
+        want = oracle_stop(ys, det.patience, det.z, det.drawdown)
+        assert v.loc[run_id, "stopped"] == int(want >= 0), run_id
+        if want >= 0:
+            assert v.loc[run_id, "stop_step"] == 10 * want
+
+
+def test_lower_is_better_metric_is_declared_not_guessed(tmp_path):
+    # a validation loss that falls to a minimum then rises (over-fitting): flipped, it is HAND
+    loss = [20 - y for y in HAND]
+    det = NoisePatience(patience=3, z=0.0, drawdown=0.5)
+    write_trace(tmp_path / "lower.csv", {"run": loss}, direction="lower")
+    declared = verdicts(det, runs_from_trace(load_trace(tmp_path / "lower.csv")))
+    assert declared.stop_step.tolist() == [100.0]  # index 10, as HAND
+    assert declared.best_eval_score.tolist() == [10.0]  # the lowest loss is the kept checkpoint
+    # undeclared, the same column reads as higher-is-better: the rise of the loss is then an improvement
+    write_trace(tmp_path / "plain.csv", {"run": loss})
+    assert verdicts(det, runs_from_trace(load_trace(tmp_path / "plain.csv"))).stop_step.tolist() != [100.0]
+    # and --direction lower on the plain file is the same as the column
+    assert verdicts(det, runs_from_trace(load_trace(tmp_path / "plain.csv"), "lower")).stop_step.tolist() == [100.0]
+
+
+def test_calibrate_fits_z_to_the_target_on_a_small_fleet():
+    runs = random_runs(50, seed=17)
+    fleet = [[Checkpoint(step=float(i), eval_score=float(e)) for i, e in enumerate(y)] for y in runs]
+    base = {"patience": 4, "drawdown": 0.3}
+    fitted = calibrate("noisepatience", fleet, target=0.1, base={**NoisePatience().params(), **base})
+    # oracle: each run's critical z is its largest drop/sigma where the rule's other conditions hold
+    crit = []
+    for y in runs:
+        y = np.asarray(y, dtype=float)
+        c = 0.0
+        for t in range(WARMUP - 1, len(y)):
+            seen = y[: t + 1]
+            sigma, best, low, recent = oracle_sigma(seen, NAN), seen.max(), seen.min(), seen[-4:].max()
+            if sigma > 0 and best - recent > 0.3 * (best - low):
+                c = max(c, (best - recent) / sigma)
+        crit.append(c)
+    allowed = int(0.1 * len(runs))
+    assert fitted["z"] == pytest.approx(sorted(crit, reverse=True)[allowed] + 1e-6, abs=1e-5)
+    det = NoisePatience(**fitted)
+    stopped = sum(first_stop(det, y) >= 0 for y in runs)
+    assert stopped <= allowed
+    assert sum(first_stop(NoisePatience(**{**fitted, "z": fitted["z"] - 1e-4}), y) >= 0 for y in runs) > stopped
