@@ -76,8 +76,11 @@ def run_trial(job_config, observer: Observer | None = None, *, out_dir: str | Pa
     flows/rlhf_job.py and tasks/training.py do it, without the alert catalog and run state machine). When the
     platform's single Prefect-free job lifecycle exists (a typed JobSpec and a per-checkpoint observer), this
     function becomes a call of it with `observer` passed through, mapping its result to `TrialOutcome`."""
+    from transformers.utils import logging as hf_logging
+
     from training.trainer import Trainer, gold_eval
 
+    hf_logging.set_verbosity_error()  # loading a checkpoint's tied lm_head prints a load report per checkpoint
     out = Path(out_dir)
     shutil.rmtree(out, ignore_errors=True)  # a trial's directory is its own: a re-run starts over
     out.mkdir(parents=True, exist_ok=True)
