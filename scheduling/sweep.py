@@ -178,9 +178,15 @@ class NullTracker:
 def make_sampler(spec: SweepSpec):
     import optuna
 
+    class AskTellGridSampler(optuna.samplers.GridSampler):
+        def after_trial(self, study, trial, state, values) -> None:
+            # GridSampler calls study.stop() once the grid is covered, which Optuna allows only inside
+            # study.optimize(); the runner asks and tells itself and stops at its own trial count
+            pass
+
     s = spec.sampler
     if s.kind == "grid":
-        return optuna.samplers.GridSampler({k: p.candidates() for k, p in spec.space.items()}, seed=s.seed)
+        return AskTellGridSampler({k: p.candidates() for k, p in spec.space.items()}, seed=s.seed)
     if s.kind == "random":
         return optuna.samplers.RandomSampler(seed=s.seed)
     return optuna.samplers.TPESampler(seed=s.seed, n_startup_trials=s.startup_trials, constant_liar=True)
