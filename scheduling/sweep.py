@@ -107,13 +107,17 @@ def run_trial(job_config, observer: Observer | None = None, *, out_dir: str | Pa
         state, error = "failed", f"{type(err).__name__}: {err}"
     scores = []
     if state != "failed":
-        try:
-            for ckpt in sorted((out / "checkpoints").glob("step-*")):
+        for ckpt in sorted((out / "checkpoints").glob("step-*")):
+            row = {"checkpoint": str(ckpt), "step": int(ckpt.name.split("-")[1]), "eval_score": math.nan,
+                   "eval_se": math.nan}
+            try:
                 g = gold_eval(ckpt)
-                scores.append({"checkpoint": str(ckpt), "step": int(ckpt.name.split("-")[1]), "eval_score": g.mean,
-                               "eval_se": g.se})
-        except Exception as err:  # noqa: BLE001
-            state, error = "failed", f"scoring: {type(err).__name__}: {err}"
+                row.update(eval_score=g.mean, eval_se=g.se)
+            except Exception as err:  # noqa: BLE001 - a diverged checkpoint (NaN weights) cannot be kept: skip it
+                row["error"] = f"{type(err).__name__}: {err}"
+            scores.append(row)
+        if scores and not any(math.isfinite(s["eval_score"]) for s in scores):
+            state, error = "failed", f"scoring: no checkpoint could be scored ({scores[-1].get('error')})"
     best = _best_of(scores)
     for s in scores:  # keep the best checkpoint only: a sweep saves dozens of runs
         if best is None or s["checkpoint"] != best["checkpoint"]:
