@@ -357,9 +357,11 @@ class SweepRunner:
             return res, records
         outcomes = []
         slot = self.slot() if self.slot is not None else None
+        entered = False
         try:
             if slot is not None:
                 slot.__enter__()
+                entered = True
             for i in range(spec.seeds_per_trial):
                 cfg = trial_config(spec, params, i, self.base_dir)
                 out = spec.run_dir / f"trial-{trial.number:04d}" / f"seed-{i}"
@@ -378,7 +380,7 @@ class SweepRunner:
         except Exception as err:  # noqa: BLE001 - recorded FAILED in Optuna and MLflow, not lost
             res.state, res.error = "failed", f"{type(err).__name__}: {err}"
         finally:
-            if slot is not None:
+            if entered:
                 slot.__exit__(None, None, None)
         res.gpu_seconds = sum(o.gpu_seconds for o in outcomes)
         res.steps = sum(o.steps for o in outcomes)

@@ -41,6 +41,15 @@ def test_sweep_flow_runs_trials_on_slots_and_publishes_the_report(prefect_server
     mv = T.client().get_model_version_by_alias("globex-policy", "best")
     assert mv.run_id == summary["trials"][[t["number"] for t in summary["trials"]].index(summary["best"]["number"])][
         "run_id"]
+    # every trial's steps were charged to the tenant's ledger: a cost per child run, the ledger CSV on the parent
+    from infra.ledger import load_prices
+
+    price = float(load_prices().hourly("cpu"))
+    for t in summary["trials"]:
+        child = T.client().get_run(t["run_id"])
+        assert child.data.metrics["cost_usd"] == pytest.approx(t["gpu_seconds"] / 3600 * price, rel=1e-4)
+        assert t["gpu_seconds"] > 0
+    assert "ledger.csv" in {a.path for a in T.client().list_artifacts(parent.info.run_id)}
     with get_client(sync_client=True) as c:
         keys = {a.key for a in c.read_artifacts()}
     assert {"sweep-flow-sweep", "sweep-flow-sweep-trials"} <= keys
