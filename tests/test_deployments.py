@@ -154,7 +154,7 @@ def test_every_deployment_completes_under_a_real_server_and_process_worker(stack
         with get_client(sync_client=True) as c:
             names = sorted(f"{c.read_flow(d.flow_id).name}/{d.name}" for d in c.read_deployments())
         assert names == ["evaluate-checkpoint/evaluate", "nightly-sweep/nightly-sweep", "rlhf-job/rlhf-job",
-                         "scheduling-experiment/simulate"], stack["deployed"]
+                         "scheduling-experiment/simulate", "sweep/sweep"], stack["deployed"]
         # all at once (the worker runs them side by side), then the evaluation of what the jobs registered
         submitted = {
             # the deployment's own defaults; only the run directory moves out of the checkout

@@ -1,0 +1,231 @@
+"""The sweep spec: a team's own nightly search over a base PPO job (YAML, strict like every other config).
+
+    name: kl-lr                       # the study's name (Optuna) and the sweep's MLflow parent run
+    base: configs/ppo-tiny.yaml       # the job config every trial starts from (a path or a mapping)
+    overrides: {steps: 36}            # dotted fields fixed for every trial
+    space:                            # dotted job-config fields to vary, one distribution each
+      ppo.kl_coef: {log_uniform: [0.005, 0.3]}
+      ppo.actor_lr: {uniform: [1.0e-4, 2.0e-3]}
+      oppo.chunk_size: {choice: [8, 16, 32]}
+      ppo.num_ppo_epochs: {grid: [1, 2]}
+    sampler: {kind: tpe, seed: 0}     # grid | random | tpe
+    trials: 12
+    seeds_per_trial: 1                # each trial trains this many seeds (seed, seed+1, ...); objective: their mean
+    tenant: acme
+    concurrency: 2                    # GPU slots the sweep holds at once (one trial per `gpus_per_trial`)
+    budget: {gpu_hours: 2.0, wall_s: 3600}   # either or both; reached: no new trials start
+    objective: {direction: maximize}  # the held-out gate score at each trial's kept checkpoint
+    pruning: {detector: default}      # default (the platform's default detector), a detector name, or none
+
+Everything is checked here, before a study is opened or a slot is taken; an error raises `BadInput` naming the
+field (`space.ppo.kl_coeff: ...`). Prefect-, MLflow- and CLI-free.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from common.errors import BadInput, describe_validation_error
+
+KINDS = ("grid", "choice", "uniform", "log_uniform")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class ParamSpace(_Strict):
+    """One varied field: exactly one of the four kinds. `grid`/`choice`: the values; `uniform`/`log_uniform`:
+    [low, high] (integers on both ends draw integers)."""
+
+    grid: list[Any] | None = None
+    choice: list[Any] | None = None
+    uniform: tuple[float, float] | tuple[int, int] | None = None
+    log_uniform: tuple[float, float] | tuple[int, int] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ParamSpace:
+        given = [k for k in KINDS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of {', '.join(KINDS)} (got {', '.join(given) or 'none'})")
+        kind = given[0]
+        if kind in ("grid", "choice"):
+            values = getattr(self, kind)
+            if not values:
+                raise ValueError(f"{kind}: give at least one value")
+            if len({repr(v) for v in values}) != len(values):
+                raise ValueError(f"{kind}: values repeat")
+        else:
+            low, high = getattr(self, kind)
+            if not low < high:
+                raise ValueError(f"{kind}: low {low} must be below high {high}")
+            if kind == "log_uniform" and low <= 0:
+                raise ValueError(f"log_uniform: low {low} must be > 0")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in KINDS if getattr(self, k) is not None)
+
+    def candidates(self) -> list[Any]:
+        """Values that stand for the whole range when checking it against the job config: every listed value, or
+        both ends."""
+        kind = self.kind
+        return list(getattr(self, kind))
+
+
+class SamplerSpec(_Strict):
+    kind: Literal["grid", "random", "tpe"] = "tpe"
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    #: TPE: random trials before the model takes over (Optuna's default is 10)
+    startup_trials: int = Field(10, ge=1, le=10_000)
+
+
+class BudgetSpec(_Strict):
+    """Either or both; when one is reached no new trial starts (trials already running finish)."""
+
+    gpu_hours: float | None = Field(None, gt=0)
+    wall_s: float | None = Field(None, gt=0)
+
+
+class ObjectiveSpec(_Strict):
+    #: the held-out gate score (gold eval on prompts training never sees) at the trial's kept checkpoint
+    metric: Literal["heldout"] = "heldout"
+    direction: Literal["maximize", "minimize"] = "maximize"
+
+
+class PruningSpec(_Strict):
+    #: `default`: the platform's default early-stop detector; another registered detector by name; `none`
+    detector: str = "default"
+    #: parameters passed to the detector (over its calibrated thresholds in configs/detectors.yaml)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class SweepSpec(_Strict):
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    base: str | dict[str, Any]
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    space: dict[str, ParamSpace]
+    sampler: SamplerSpec = Field(default_factory=SamplerSpec)
+    trials: int = Field(ge=1, le=100_000)
+    seeds_per_trial: int = Field(1, ge=1, le=100)
+    tenant: str = Field("acme", min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    concurrency: int = Field(1, ge=1, le=4096, description="GPU slots the sweep holds at once")
+    gpus_per_trial: int = Field(1, ge=1, le=4096)
+    gpu_kind: str = "cpu"
+    overlap: Literal["none", "intra", "inter", "full"] = "none"
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
+    pruning: PruningSpec = Field(default_factory=PruningSpec)
+    #: Optuna storage: a database URL (postgresql://..., sqlite:////abs/path.db); empty: a SQLite file in out_dir
+    storage: str | None = None
+    #: where trials write their run directories (empty: runs/sweeps/<name>)
+    out_dir: str | None = None
+    #: the model registry name the best trial's checkpoint goes to (empty: <tenant>-policy)
+    registered_model: str | None = None
+    mlflow_experiment: str = "rlhfops"
+
+    @model_validator(mode="after")
+    def _check(self) -> SweepSpec:
+        if not self.space:
+            raise ValueError("space: give at least one field to vary (e.g. ppo.kl_coef: {log_uniform: [0.01, 0.3]})")
+        if self.sampler.kind == "grid":
+            bad = [k for k, p in self.space.items() if p.kind not in ("grid", "choice")]
+            if bad:
+                raise ValueError(f"sampler.kind grid needs grid or choice values for every field; "
+                                 f"'{bad[0]}' is {self.space[bad[0]].kind}")
+        if self.concurrency < self.gpus_per_trial:
+            raise ValueError(f"concurrency {self.concurrency} is below gpus_per_trial {self.gpus_per_trial}: "
+                             "no trial could start")
+        return self
+
+    @property
+    def parallel_trials(self) -> int:
+        return self.concurrency // self.gpus_per_trial
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir or Path("runs") / "sweeps" / self.name)
+
+    @property
+    def storage_url(self) -> str:
+        if self.storage:
+            return self.storage
+        return f"sqlite:///{(self.run_dir / 'optuna.db').resolve()}"
+
+    def grid_size(self) -> int:
+        return math.prod(len(p.candidates()) for p in self.space.values() if p.kind in ("grid", "choice"))
+
+
+def _error_field(err: ValidationError) -> str:
+    return describe_validation_error(err, source="sweep spec")
+
+
+def parse_spec(raw: dict[str, Any], source: str = "sweep spec") -> SweepSpec:
+    try:
+        return SweepSpec.model_validate(raw)
+    except ValidationError as err:
+        raise BadInput(describe_validation_error(err, source=source)) from None
+
+
+def load_spec(path: str | Path, trials: int | None = None) -> SweepSpec:
+    """Read and check a sweep spec file: the spec's own fields, then every varied field against the job config
+    (each listed value and both ends of each range must make a valid job). `trials` overrides the spec's."""
+    from common.validate import read_yaml_mapping
+
+    raw = read_yaml_mapping(path, "spec")
+    if trials is not None:
+        raw["trials"] = trials
+    spec = parse_spec(raw, source=str(path))
+    check_against_job(spec, base_dir=Path(path).resolve().parent)
+    return spec
+
+
+def resolve_base(spec: SweepSpec, base_dir: Path | None = None) -> str | dict[str, Any]:
+    """The base job config: a mapping as given, a path as given when it exists (relative to the working
+    directory, as every other config), else relative to the spec's own folder."""
+    if isinstance(spec.base, dict):
+        return spec.base
+    path = Path(spec.base)
+    if not path.is_file() and base_dir is not None and (base_dir / path).is_file():
+        return str(base_dir / path)
+    return spec.base
+
+
+def trial_config(spec: SweepSpec, params: dict[str, Any], seed_index: int = 0, base_dir: Path | None = None):
+    """The `TrainConfig` one trial (and seed) trains: the base config, the spec's fixed overrides, the trial's
+    params, and the seed (the base seed + the seed's index)."""
+    from training.config import resolve_config
+
+    base = resolve_base(spec, base_dir)
+    overrides = {**spec.overrides, **params}
+    cfg = resolve_config(base, overrides)
+    if seed_index:
+        cfg = resolve_config(base, {**overrides, "seed": cfg.seed + seed_index})
+    return cfg
+
+
+def check_against_job(spec: SweepSpec, base_dir: Path | None = None) -> None:
+    """Every varied field must exist in the job config and every listed value (both ends of a range) must make a
+    valid job. Raises BadInput naming `space.<field>`."""
+    from training.config import resolve_config
+
+    base = resolve_base(spec, base_dir)
+    try:
+        resolve_config(base, dict(spec.overrides))
+    except BadInput as err:
+        raise BadInput(f"base/overrides: {err}") from None
+    for path, space in spec.space.items():
+        if path in spec.overrides:
+            raise BadInput(f"space.{path}: also fixed under overrides (vary it or fix it, not both)")
+        for value in space.candidates():
+            try:
+                resolve_config(base, {**spec.overrides, path: value})
+            except BadInput as err:
+                raise BadInput(f"space.{path}: {value!r} does not make a valid job ({err})") from None
+        if path == "seed" and spec.seeds_per_trial > 1:
+            raise BadInput("space.seed: the seed is varied by seeds_per_trial; do not vary it in the space too")

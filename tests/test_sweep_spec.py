@@ -1,0 +1,99 @@
+"""A bad sweep spec exits 2 with one line naming the field, before any study, slot, run directory or MLflow store
+exists (`rlhfops sweep`, in-process)."""
+
+from __future__ import annotations
+
+import copy
+import sys
+
+import pytest
+import yaml
+
+GOOD = {
+    "name": "bad", "base": "configs/ppo-tiny.yaml", "overrides": {"steps": 4},
+    "space": {"ppo.kl_coef": {"log_uniform": [0.01, 0.3]}, "ppo.actor_lr": {"choice": [1.0e-4, 3.0e-4]}},
+    "sampler": {"kind": "tpe", "seed": 0}, "trials": 3, "concurrency": 2,
+    "budget": {"gpu_hours": 1.0, "wall_s": 600}, "pruning": {"detector": "default"},
+}
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def _run_cli(args, monkeypatch, capsys) -> tuple[int, str]:
+    from rlhfops.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["rlhfops", *args])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    return exc.value.code, capsys.readouterr().err
+
+
+def _with(path: str, value):
+    spec = copy.deepcopy(GOOD)
+    node = spec
+    *parents, last = path.split("/")
+    for p in parents:
+        node = node[p]
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return spec
+
+
+DELETE = object()
+
+CASES = [
+    # (what to change, value, text the one-line error must contain)
+    ("trialz", 3, "field 'trialz': unknown key"),
+    ("space", {}, "space: give at least one field"),
+    ("trials", 0, "field 'trials'"),
+    ("space/ppo.kl_coeff", {"uniform": [0.01, 0.1]}, "space.ppo.kl_coeff"),
+    ("space/ppo.actor_lr", {"uniform": [0.5, 2.0]}, "space.ppo.actor_lr"),
+    ("space/ppo.kl_coef", {"log_uniform": [0.0, 0.3]}, "space.ppo.kl_coef"),
+    ("space/ppo.kl_coef", {"grid": []}, "space.ppo.kl_coef"),
+    ("budget/gpu_hours", 0, "field 'budget.gpu_hours'"),
+    ("budget/wall_s", -5, "field 'budget.wall_s'"),
+    ("pruning/detector", "nosuch", "pruning.detector"),
+    ("gpu_kind", "tpu9", "gpu_kind"),
+    ("name", DELETE, "field 'name'"),
+]
+
+
+@pytest.mark.parametrize("path,value,expected", CASES, ids=[c[0] + "=" + repr(c[1])[:20] for c in CASES])
+def test_bad_spec_exits_2_naming_the_field_before_anything_starts(path, value, expected, tmp_path, monkeypatch,
+                                                                   capsys):
+    monkeypatch.chdir(REPO)  # the base config path is relative to the repository, as in configs/sweeps/
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    spec = _with(path, value)
+    spec["out_dir"] = str(tmp_path / "sweep")
+    f = tmp_path / "spec.yaml"
+    f.write_text(yaml.safe_dump(spec))
+    code, err = _run_cli(["sweep", str(f)], monkeypatch, capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], err
+    assert not (tmp_path / "sweep").exists()  # no study storage, no trial directory
+    assert not (tmp_path / "mlflow.db").exists()  # no MLflow run
+
+
+def test_trials_flag_below_one_exits_2(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    spec = {**GOOD, "out_dir": str(tmp_path / "sweep")}
+    f = tmp_path / "spec.yaml"
+    f.write_text(yaml.safe_dump(spec))
+    code, err = _run_cli(["sweep", str(f), "--trials", "0"], monkeypatch, capsys)
+    assert code == 2 and "field 'trials'" in err and not (tmp_path / "sweep").exists()
+
+
+def test_the_example_spec_is_valid_and_its_space_reaches_over_optimising_settings():
+    from scheduling.sweep_spec import load_spec
+
+    spec = load_spec(REPO / "configs" / "sweeps" / "example.yaml")
+    assert spec.trials == 12 and spec.concurrency == 2
+    hack = yaml.safe_load((REPO / "configs" / "ppo-hack.yaml").read_text())["ppo"]
+    kl = spec.space["ppo.kl_coef"].log_uniform
+    lr = spec.space["ppo.actor_lr"].log_uniform
+    # the hacking config's KL coefficient and learning rate lie inside the searched ranges
+    assert kl[0] <= hack["kl_coef"] <= kl[1] and lr[0] <= hack["actor_lr"] <= lr[1]
