@@ -37,7 +37,7 @@ from tasks.timing import clock
 from tasks.tracking import parent_run
 
 QUICK_SEEDS = [42, 123]
-#: the nightly's RLHF job: the canaries' small healthy PPO job (rlhfops/commands/canary.py), with a
+#: the nightly's RLHF job: the canaries' small healthy PPO job (training/canaries.py), with a
 #: checkpoint at every eval gate so the best gated checkpoint is the one kept
 NIGHTLY_JOB_STEPS = {True: 24, False: 60}
 
@@ -54,7 +54,7 @@ def validate_nightly(workers: int | None, seeds: list[int], out: Path, cache_dir
 
 
 def nightly_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
-    from rlhfops.commands.canary import base_config
+    from training.canaries import base_config
 
     raw = base_config(steps, 0, cache_dir)
     raw.update(name="nightly-ppo", eval_every=4, checkpoint_every=4)
@@ -66,7 +66,7 @@ def run_canary_task(name: str, steps: int, fault_at: int, cache_dir: str) -> dic
     """One fault-injection canary (a real small PPO run): the expected alert must fire and move the run
     state; the control must stay quiet."""
     from eval.health import Catalog
-    from rlhfops.commands.canary import CANARIES, run_canary
+    from training.canaries import CANARIES, run_canary
 
     canary = {c.name: c for c in CANARIES}[name]
     catalog = Catalog.from_file(None, algorithm="ppo", profile="canary")
@@ -119,7 +119,7 @@ def nightly_sweep_internal(
     """`nightly_sweep` with the knobs the run form does not show: `fail_rate`/`fault_seed` (chaos: inject
     transient failures into that share of task attempts; `rlhfops nightly --fail-rate`) and `retry_delay_s`
     (first backoff delay). `rlhfops nightly` and the tests call this one; the deployment runs `nightly_sweep`."""
-    from rlhfops.commands.canary import CANARIES
+    from training.canaries import CANARIES
 
     t_start = time.time()
     check_runner(runner)

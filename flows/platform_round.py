@@ -60,9 +60,9 @@ def check_job_spec(spec: dict[str, Any], i: int) -> None:
 
 
 def platform_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
-    """The canaries' small PPO job (rlhfops/commands/canary.py) with a gate and a checkpoint every 2 steps;
+    """The canaries' small PPO job (training/canaries.py) with a gate and a checkpoint every 2 steps;
     one torch thread per job so concurrent jobs share the cores instead of oversubscribing them."""
-    from rlhfops.commands.canary import base_config
+    from training.canaries import base_config
 
     raw = base_config(steps, 0, cache_dir)
     raw.update(name="platform-ppo", eval_every=2, checkpoint_every=2)

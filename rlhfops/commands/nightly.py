@@ -25,8 +25,8 @@ def check_nightly_args(workers: int | None, experiments: str | None, canaries: s
                        cache_dir: str) -> None:
     """What the nightly flow checks too, checked here before the Prefect server starts (10-18 s)."""
     from common.validate import check_out_dir, check_workers
-    from rlhfops.commands.canary import CANARIES
     from scheduling.experiments import EXPERIMENTS
+    from training.canaries import CANARIES
 
     check_workers(workers)
     for e in split_list(experiments) or []:
