@@ -54,13 +54,10 @@ def _set(d: dict, dotted: str, value: Any) -> None:
     d[keys[-1]] = value
 
 
-def run_canary(canary: Canary, steps: int, fault_at: int, cache_dir: str, catalog: Any, metrics: Any = None,
-               ledger: Any = None, progress: Any = None) -> dict:
-    """Run one canary: a real PPO job fed step by step through the catalog and the run state machine.
-    A fault canary stops as soon as its expected alert fired (proof obtained); the control runs in full."""
-    from eval.states import RunState, RunSupervisor
+def canary_spec(canary: Canary, steps: int, fault_at: int, cache_dir: str):
+    """The canary's job: the shared base with its fault and overrides, no run directory, sequential PPO."""
     from training.config import TrainConfig
-    from training.trainer import train
+    from training.lifecycle import JobSpec
 
     raw = base_config(steps, fault_at, cache_dir)
     raw["name"] = f"canary-{canary.name}"
@@ -68,28 +65,45 @@ def run_canary(canary: Canary, steps: int, fault_at: int, cache_dir: str, catalo
         raw["fault"].update(canary.fault)
     for key, value in canary.overrides.items():
         _set(raw, key, value)
-    cfg = TrainConfig.model_validate(raw)
-    run_id = f"canary-{canary.name}"
-    sup = RunSupervisor(run_id, "canary", catalog.start(tenant="canary"), ledger=ledger, metrics=metrics,
-                        gpu_kind="cpu")
-    sup.begin()
+    return JobSpec(tenant="canary", name=canary.name, config=TrainConfig.model_validate(raw),
+                   run_id=f"canary-{canary.name}", overlap="none", gpu_kind="cpu",
+                   run_through_pause=canary.expected is not None)
+
+
+def run_canary(canary: Canary, steps: int, fault_at: int, cache_dir: str, catalog: Any, metrics: Any = None,
+               ledger: Any = None, progress: Any = None) -> dict:
+    """Run one canary: a real PPO job fed step by step through the catalog and the run state machine
+    (`training.lifecycle.run_job`). A fault canary stops as soon as its expected alert fired (proof obtained); the
+    control runs in full."""
+    from eval.states import RunState
+    from eval.supervisor import RunSupervisor
+    from training.lifecycle import JobHooks, run_job
+
+    spec = canary_spec(canary, steps, fault_at, cache_dir)
+    sup = RunSupervisor(spec.run_id, spec.tenant, catalog.start(tenant=spec.tenant), ledger=ledger, metrics=metrics,
+                        gpu_kind=spec.gpu_kind)
     fired_at = math.nan
-    t0 = time.perf_counter()
-    error: BaseException | None = None
-    try:
-        for rec in train(cfg, overlap="none"):
-            for ev in sup.observe(rec):
+
+    class CanaryHooks(JobHooks):
+        def on_step(self, record: Any, supervisor: Any) -> str | None:
+            nonlocal fired_at
+            for ev in supervisor.events:
                 if ev.alert == canary.expected and math.isnan(fired_at):
                     fired_at = ev.step
             if progress is not None:
-                progress(rec.step)
+                progress(record.step)
             if canary.expected is not None and not math.isnan(fired_at):
-                break
-            if sup.machine.state is RunState.PAUSED_BY_GATE and canary.expected is None:
-                break
+                return f"{canary.expected} fired"
+            return None
+
+    t0 = time.perf_counter()
+    error: BaseException | None = None
+    try:
+        outcome = run_job(spec, hooks=CanaryHooks(), supervisor=sup)
+        status, error = outcome.status, outcome.error
     except Exception as err:  # a crashed canary is a failed canary, reported in the table
         error = err
-    status = sup.finish(completed=error is None, exception=error)
+        status = sup.finish(completed=False, exception=err)
     paged = [e.alert for e in sup.events if e.severity == "paging"]
     moved = any(s.state in (RunState.DEGRADED, RunState.PAUSED_BY_GATE) for s in sup.machine.history)
     if canary.expected is None:
@@ -97,7 +111,7 @@ def run_canary(canary: Canary, steps: int, fault_at: int, cache_dir: str, catalo
     else:
         ok = error is None and not math.isnan(fired_at) and moved and status.state is RunState.FAILED
     if metrics is not None:
-        metrics.end_run(run_id)
+        metrics.end_run(spec.run_id)
     return {
         "canary": canary.name, "expected": canary.expected or "(none: must stay quiet)",
         "fired_at": fired_at, "paged": paged, "states": sup.machine.labels(), "state": status.label,
