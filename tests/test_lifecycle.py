@@ -158,3 +158,23 @@ def test_pause_then_resume_continues_from_the_kept_checkpoint_and_charges_each_s
         assert totals[seg].gpu_seconds == pytest.approx(want_s, abs=1e-5)
         assert totals[seg].tokens_generated == sum(r.tokens_generated for r in executed[seg])
     assert ledger.cluster_total().steps == 6 + 8
+
+
+@pytest.mark.parametrize("job_json, names", [
+    (None, ["run_dir:", "job.json missing"]),
+    ({"state": "SUCCEEDED", "run_id": "x"}, ["run_dir:", "not paused", "'SUCCEEDED'"]),
+    ({"state": "PAUSED_BY_GATE(x)", "run_id": "x", "best_step": None}, ["run_dir:", "not paused"]),
+])
+def test_resume_refuses_a_run_directory_without_a_paused_run_exit_2(tmp_path, capsys, monkeypatch, job_json, names):
+    import sys
+
+    from rlhfops import cli
+
+    if job_json is not None:
+        (tmp_path / "job.json").write_text(json.dumps(job_json))
+    monkeypatch.setattr(sys, "argv", ["rlhfops", "resume", str(tmp_path)])
+    with pytest.raises(SystemExit) as exc:
+        cli.main()
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert all(n in err for n in names), err
