@@ -128,7 +128,8 @@ def print_summary(console, res, process: dict, uri: str) -> None:
         best = job.get("best") or {}
         reg = job.get("registry") or {}
         where = (f"registered as models:/{reg['model']}/{reg['version']}" if reg
-                 else "not registered (only a run that ended SUCCEEDED registers its checkpoint)")
+                 else "not registered (only a run that ended SUCCEEDED or was paused by its gate registers its "
+                      "checkpoint)")
         table.add_row("rlhf job", f"{job['state']} after {job['metrics']['steps']} steps; best checkpoint step "
                       f"{best.get('step', '—')} (held-out {best.get('eval_score', float('nan')):+.3f}) {where}")
     elif job is not None:
