@@ -101,6 +101,8 @@ class RunEvidence:
     alerts: Iterable[Any] = ()
     #: module-name or file-path prefixes of tenant code (for exceptions raised inside it)
     tenant_code: tuple[str, ...] = ()
+    #: (paused at step, reason, resumed from checkpoint step) for each eval-gate pause the run was resumed from
+    pauses: tuple[tuple[int | None, str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -194,4 +196,8 @@ def attribute(evidence: RunEvidence, tenant_error_rate: float = 0.01) -> Attribu
             "problem and counts against the platform's error budget; retry the run",
             (),
         )
+    if evidence.pauses:
+        resumed = "; ".join(f"paused at step {step} by the eval gate ({why}), resumed from the checkpoint at step "
+                            f"{start}" for step, why, start in evidence.pauses)
+        return Attribution(None, f"completed ({resumed})", examples)
     return Attribution(None, "completed", examples)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,13 @@ from flows.simulate import (
 )
 from infra import tracking as T
 from infra.provision import check_runner, compute_pool, no_heartbeats, task_runner
+from infra.reporting import nightly_report, report_markdown
 from scheduling.experiments import EXPERIMENTS
-from tasks.timing import clock
+from tasks.timing import StageTimes, clock
 from tasks.tracking import parent_run
 
 QUICK_SEEDS = [42, 123]
-#: the nightly's RLHF job: the canaries' small healthy PPO job (rlhfops/commands/canary.py), with a
+#: the nightly's RLHF job: the canaries' small healthy PPO job (training/canaries.py), with a
 #: checkpoint at every eval gate so the best gated checkpoint is the one kept
 NIGHTLY_JOB_STEPS = {True: 24, False: 60}
 
@@ -54,7 +56,7 @@ def validate_nightly(workers: int | None, seeds: list[int], out: Path, cache_dir
 
 
 def nightly_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
-    from rlhfops.commands.canary import base_config
+    from training.canaries import base_config
 
     raw = base_config(steps, 0, cache_dir)
     raw.update(name="nightly-ppo", eval_every=4, checkpoint_every=4)
@@ -66,7 +68,7 @@ def run_canary_task(name: str, steps: int, fault_at: int, cache_dir: str) -> dic
     """One fault-injection canary (a real small PPO run): the expected alert must fire and move the run
     state; the control must stay quiet."""
     from eval.health import Catalog
-    from rlhfops.commands.canary import CANARIES, run_canary
+    from training.canaries import CANARIES, run_canary
 
     canary = {c.name: c for c in CANARIES}[name]
     catalog = Catalog.from_file(None, algorithm="ppo", profile="canary")
@@ -93,6 +95,146 @@ def _records(df: pd.DataFrame) -> list[dict]:
             for r in df.to_dict("records")]
 
 
+@dataclass
+class NightlyResult:
+    """What a nightly returns: its MLflow run, where it wrote, each stage's result (None: the stage did not run)."""
+
+    run_id: str
+    flow_run_id: str
+    out_dir: str
+    #: the scheduling matrix: one row per (experiment, variant, scheduler)
+    matrix: pd.DataFrame | None = None
+    #: the detector comparison (mean over seeds)
+    detectors: pd.DataFrame | None = None
+    #: the RLHF job's summary (`rlhf_job_internal`'s return), or the error it failed with
+    job: Any = None
+    #: the registered checkpoint re-scored from the registry
+    evaluation: dict[str, Any] | None = None
+    #: one row per canary
+    canaries: pd.DataFrame | None = None
+    #: the platform round's return (`platform_round`)
+    platform: dict[str, Any] | None = None
+    #: tonight vs the last nightly, with where the time went
+    report: str = ""
+    #: the flow's wall, work, tracking and orchestration seconds
+    timing: dict[str, float] = field(default_factory=dict)
+    #: each stage's wall seconds (`<stage>_s`)
+    stages: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Chaos:
+    """The chaos knobs every stage passes on: injected failure rate, its seed, the first retry delay."""
+
+    fail_rate: float = 0.0
+    fault_seed: int = 0
+    retry_delay_s: float = 1.0
+
+
+def stage_matrix(exps: list[str], seeds: list[int], out: Path, res: NightlyResult, chaos: Chaos, units_runner,
+                 mlflow_experiment: str) -> pd.DataFrame:
+    """1. The scheduling matrix: every experiment's units (variant x seed) go to the compute pool at once, as tasks on
+    one task runner (threads, or Ray workers with runner="ray"); each experiment is aggregated, plotted and tracked
+    (its MLflow run under the nightly's, a child run per variant) as soon as its own units are done, while the later
+    experiments' units keep the pool busy. (The experiments used to be subflows, two at a time: every experiment
+    then ended in a stretch where neither subflow had work, and creating a flow run while ~100 task runs reported
+    their states made the temporary server's SQLite refuse the write: 2-13 s of orchestration per matrix here.)"""
+    plans = [plan_experiment(e, seeds) for e in exps]
+    progress.reporter.stage("simulation matrix: variant x seed", total=sum(len(units) for _, units in plans))
+    submitted = [(cfg, units, submit_units(units, chaos.fail_rate, chaos.fault_seed, chaos.retry_delay_s,
+                                           units_runner)) for cfg, units in plans]
+    summaries = []
+    for cfg, units, futures in submitted:  # in submission order: the first experiments finish first
+        per_seed, job_rows = gather_units(futures)
+        with parent_run("scheduling_experiment", f"simulate {cfg.name}", mlflow_experiment, res.run_id,
+                        key=f"{res.flow_run_id}/experiment/{cfg.name}", tenant="simulation",
+                        params=experiment_params(cfg, units, chaos.fail_rate), fail_rate=chaos.fail_rate,
+                        fault_seed=chaos.fault_seed, retry_delay_s=chaos.retry_delay_s) as exp_run:
+            r = record_experiment(cfg, units, per_seed, job_rows, out / "scheduling" / cfg.name, exp_run,
+                                  mlflow_experiment=mlflow_experiment, fail_rate=chaos.fail_rate,
+                                  fault_seed=chaos.fault_seed, retry_delay_s=chaos.retry_delay_s)
+        summaries.append(r["summary"])
+    matrix = pd.concat(summaries, ignore_index=True)
+    matrix.to_csv(out / "scheduling" / "summary.csv", index=False)
+    return matrix
+
+
+def stage_detectors(seeds: list[int], out: Path, res: NightlyResult, chaos: Chaos, units_runner,
+                    mlflow_experiment: str) -> pd.DataFrame:
+    """2. The detector comparison, tracked as one MLflow run under the nightly's."""
+    from scheduling.detector_report import render
+
+    table = detector_comparison(seeds, chaos.fail_rate, chaos.fault_seed, chaos.retry_delay_s, units_runner)
+    table.to_csv(out / "detectors.csv", index=False)
+    (out / "detectors.md").write_text(render(table))
+    with clock.span("tracking"):
+        det_run, _ = T.open_run(f"{res.flow_run_id}/detectors", "detector comparison", mlflow_experiment, res.run_id,
+                                tags={T.KIND_TAG: "detectors", T.TENANT_TAG: "simulation"})
+        T.log_metric_rows(det_run, [(f"{m}/{r.experiment}/{r.variant}/{r.scheduler}", r[m], 0)
+                                    for _, r in table.iterrows() for m in ("precision", "recall", "fpr")])
+        T.log_artifacts(det_run, [out / "detectors.csv", out / "detectors.md"])
+        T.finish(det_run)
+    create_table_artifact(key="nightly-detectors", table=_records(table),
+                          description="Early-stop detectors under noise (E7) and base rates (E8)")
+    return table
+
+
+def stage_job(steps: int, job_overrides: dict[str, Any] | None, cache_dir: str, out: Path, res: NightlyResult,
+              chaos: Chaos, mlflow_experiment: str) -> tuple[Any, dict[str, Any] | None]:
+    """3. A real RLHF job, its best checkpoint registered, then the gate re-run on the registry entry. Returns the
+    job's summary (or its error) and the re-evaluation (None without a registered checkpoint)."""
+    state = rlhf_job_internal(config=nightly_job_config(steps, cache_dir), overrides=job_overrides,
+                              tenant="acme", name="nightly-ppo", overlap="full",
+                              out_dir=str(out / "rlhf-job"), fail_rate=chaos.fail_rate, fault_seed=chaos.fault_seed,
+                              retry_delay_s=chaos.retry_delay_s, mlflow_experiment=mlflow_experiment,
+                              parent_run_id=res.run_id, return_state=True)
+    summary = state.result(raise_on_failure=False)
+    evaluation = None
+    if isinstance(summary, dict) and summary.get("registry"):
+        reg = summary["registry"]
+        evaluation = evaluate_checkpoint_internal(
+            checkpoint=f"models:/{reg['model']}/{reg['version']}", tenant="acme",
+            retry_delay_s=chaos.retry_delay_s, mlflow_experiment=mlflow_experiment, parent_run_id=res.run_id)
+    return summary, evaluation
+
+
+def stage_canaries(names: list[str], steps: int, fault_at: int, cache_dir: str, out: Path, res: NightlyResult,
+                   mlflow_experiment: str) -> pd.DataFrame:
+    """4. The health canaries, one MLflow run each under the nightly's."""
+    progress.reporter.stage("health canaries", total=len(names))
+    rows = []
+    for name in names:
+        r = run_canary_task(name, steps, fault_at, cache_dir)
+        rows.append(r)
+        with clock.span("tracking"):
+            crun, _ = T.open_run(f"{res.flow_run_id}/canary/{name}", f"canary {name}", mlflow_experiment,
+                                 res.run_id, tags={T.KIND_TAG: "canary", T.TENANT_TAG: "canary",
+                                                   "expected": r["expected"], "run_state": r["state"],
+                                                   "ok": r["ok"], "error": r["error"] or None})
+            T.log_metrics(crun, {"ok": float(r["ok"]), "fired_at": r["fired_at"], "steps_run": r["steps_run"],
+                                 "wall_s": r["wall_s"]})
+            T.finish(crun, "FINISHED" if r["ok"] else "FAILED")
+        progress.reporter.advance()
+    canary_df = pd.DataFrame(rows)
+    canary_df.to_csv(out / "canaries.csv", index=False)
+    create_table_artifact(key="nightly-canaries", table=_records(canary_df.drop(columns=["paged", "states"])),
+                          description="Fault-injection canaries: every alert must fire, the control stay quiet")
+    return canary_df
+
+
+def stage_report(mlflow_experiment: str, run_id: str, t_start: float, times: StageTimes, out: Path) -> str:
+    """6. Tonight vs the last nightly (MLflow queries), with where the time went so far; written to report.md and
+    a Prefect markdown artifact."""
+    with clock.span("tracking"):  # MLflow queries
+        rep = nightly_report(mlflow_experiment, tonight_id=run_id)
+    report_md = report_markdown(rep)
+    report_md += "\n" + overhead_markdown(clock.breakdown(t_start, time.time()), times.wall, times.orchestration)
+    (out / "report.md").write_text(report_md)
+    create_markdown_artifact(key="nightly-report", markdown=report_md,
+                             description="Tonight vs the last nightly: schedulers, tenants, overhead")
+    return report_md
+
+
 @flow(name="nightly-sweep", task_runner=task_runner("thread"), log_prints=False)
 def nightly_sweep_internal(
     quick: bool = False,
@@ -115,11 +257,11 @@ def nightly_sweep_internal(
     fault_seed: int = 0,
     retry_delay_s: float = 1.0,
     mlflow_experiment: str = T.DEFAULT_EXPERIMENT,
-) -> dict[str, Any]:
+) -> NightlyResult:
     """`nightly_sweep` with the knobs the run form does not show: `fail_rate`/`fault_seed` (chaos: inject
     transient failures into that share of task attempts; `rlhfops nightly --fail-rate`) and `retry_delay_s`
     (first backoff delay). `rlhfops nightly` and the tests call this one; the deployment runs `nightly_sweep`."""
-    from rlhfops.commands.canary import CANARIES
+    from training.canaries import CANARIES
 
     t_start = time.time()
     check_runner(runner)
@@ -139,143 +281,46 @@ def nightly_sweep_internal(
     out = Path(out_dir)
     validate_nightly(workers, seeds, out, cache_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stages: dict[str, float] = {}
-    stage_orch: dict[str, float] = {}
+    times = StageTimes()
     with parent_run("nightly", f"nightly {time.strftime('%Y-%m-%d %H:%M')}", mlflow_experiment, tenant="platform",
                     params={"quick": quick, "experiments": ",".join(exps), "seeds": ",".join(map(str, seeds)),
                             "runner": runner, "job_steps": steps if job else 0, "canaries": ",".join(canary_names),
                             "platform": platform, "fail_rate": fail_rate},
                     fail_rate=fail_rate, fault_seed=fault_seed, retry_delay_s=retry_delay_s) as run, \
             no_heartbeats():  # the job's and platform's subflows run in this process: no heartbeat thread each
-        run_id, ctx = run.run_id, run.ctx
-        results: dict[str, Any] = {"run_id": run_id, "flow_run_id": ctx[T.FLOW_RUN_TAG], "out_dir": str(out)}
-        # 1. the scheduling matrix: every experiment's units (variant x seed) go to the compute pool at once, as
-        # tasks on one task runner for the simulation fan-out (threads, or Ray workers with runner="ray"); each
-        # experiment is aggregated, plotted and tracked (its MLflow run under the nightly's, a child run per
-        # variant) as soon as its own units are done, while the later experiments' units keep the pool busy.
-        # The experiments used to be subflows, two at a time: every experiment then ended in a stretch where
-        # neither subflow had work (flow-run creation and teardown), and creating a flow run while ~100 task runs
-        # report their states made the temporary server's SQLite refuse the write ("database is locked"; the
-        # client retries after 2 s): 2-13 s of orchestration per matrix here. The `scheduling_experiment` flow
-        # (deployment `simulate`) runs one experiment with the same helpers.
-        t0 = time.time()
-        plans = [plan_experiment(e, seeds) for e in exps]
-        progress.reporter.stage("simulation matrix: variant x seed", total=sum(len(units) for _, units in plans))
+        chaos = Chaos(fail_rate, fault_seed, retry_delay_s)
+        res = NightlyResult(run_id=run.run_id, flow_run_id=run.ctx[T.FLOW_RUN_TAG], out_dir=str(out))
         with compute_pool(workers), task_runner(runner) as units_runner:
-            submitted = [(cfg, units, submit_units(units, fail_rate, fault_seed, retry_delay_s, units_runner))
-                         for cfg, units in plans]
-            summaries = []
-            for cfg, units, futures in submitted:  # in submission order: the first experiments finish first
-                per_seed, job_rows = gather_units(futures)
-                with parent_run("scheduling_experiment", f"simulate {cfg.name}", mlflow_experiment, run_id,
-                                key=f"{ctx[T.FLOW_RUN_TAG]}/experiment/{cfg.name}", tenant="simulation",
-                                params=experiment_params(cfg, units, fail_rate), fail_rate=fail_rate,
-                                fault_seed=fault_seed, retry_delay_s=retry_delay_s) as exp_run:
-                    r = record_experiment(cfg, units, per_seed, job_rows, out / "scheduling" / cfg.name, exp_run,
-                                          mlflow_experiment=mlflow_experiment, fail_rate=fail_rate,
-                                          fault_seed=fault_seed, retry_delay_s=retry_delay_s)
-                summaries.append(r["summary"])
-            matrix = pd.concat(summaries, ignore_index=True)
-            matrix.to_csv(out / "scheduling" / "summary.csv", index=False)
-            stages["matrix_s"] = time.time() - t0
-            stage_orch["matrix"] = clock.breakdown(t0, time.time())["orchestration_s"]
-            results["matrix"] = matrix
-
-            # 2. the detector comparison
+            with times.stage("matrix"):
+                res.matrix = stage_matrix(exps, seeds, out, res, chaos, units_runner, mlflow_experiment)
             if detectors:
-                t0 = time.time()
-                from scheduling.detector_report import render
-
-                table = detector_comparison(seeds, fail_rate, fault_seed, retry_delay_s, units_runner)
-                table.to_csv(out / "detectors.csv", index=False)
-                (out / "detectors.md").write_text(render(table))
-                with clock.span("tracking"):
-                    det_run, _ = T.open_run(f"{ctx[T.FLOW_RUN_TAG]}/detectors", "detector comparison",
-                                            mlflow_experiment, run_id,
-                                            tags={T.KIND_TAG: "detectors", T.TENANT_TAG: "simulation"})
-                    T.log_metric_rows(det_run, [(f"{m}/{r.experiment}/{r.variant}/{r.scheduler}", r[m], 0)
-                                                for _, r in table.iterrows() for m in ("precision", "recall", "fpr")])
-                    T.log_artifacts(det_run, [out / "detectors.csv", out / "detectors.md"])
-                    T.finish(det_run)
-                create_table_artifact(key="nightly-detectors", table=_records(table),
-                                      description="Early-stop detectors under noise (E7) and base rates (E8)")
-                stages["detectors_s"] = time.time() - t0
-                stage_orch["detectors"] = clock.breakdown(t0, time.time())["orchestration_s"]
-
-        # 3. a real RLHF job, its best checkpoint registered, then the gate re-run on the registry entry
+                with times.stage("detectors"):
+                    res.detectors = stage_detectors(seeds, out, res, chaos, units_runner, mlflow_experiment)
         if job:
-            t0 = time.time()
-            state = rlhf_job_internal(config=nightly_job_config(steps, cache_dir), overrides=job_overrides,
-                                      tenant="acme", name="nightly-ppo", overlap="full",
-                                      out_dir=str(out / "rlhf-job"), fail_rate=fail_rate, fault_seed=fault_seed,
-                                      retry_delay_s=retry_delay_s, mlflow_experiment=mlflow_experiment,
-                                      parent_run_id=run_id, return_state=True)
-            results["job"] = state.result(raise_on_failure=False)
-            if isinstance(results["job"], dict) and results["job"].get("registry"):
-                reg = results["job"]["registry"]
-                results["evaluation"] = evaluate_checkpoint_internal(
-                    checkpoint=f"models:/{reg['model']}/{reg['version']}", tenant="acme",
-                    retry_delay_s=retry_delay_s, mlflow_experiment=mlflow_experiment, parent_run_id=run_id)
-            stages["job_s"] = time.time() - t0
-            stage_orch["job"] = clock.breakdown(t0, time.time())["orchestration_s"]
-
-        # 4. the health canaries
+            with times.stage("job"):
+                res.job, res.evaluation = stage_job(steps, job_overrides, cache_dir, out, res, chaos, mlflow_experiment)
         if canary_names:
-            t0 = time.time()
-            progress.reporter.stage("health canaries", total=len(canary_names))
-            rows = []
-            for name in canary_names:
-                r = run_canary_task(name, canary_steps, fault_at, cache_dir)
-                rows.append(r)
-                with clock.span("tracking"):
-                    crun, _ = T.open_run(f"{ctx[T.FLOW_RUN_TAG]}/canary/{name}", f"canary {name}", mlflow_experiment,
-                                         run_id, tags={T.KIND_TAG: "canary", T.TENANT_TAG: "canary",
-                                                       "expected": r["expected"], "run_state": r["state"],
-                                                       "ok": r["ok"], "error": r["error"] or None})
-                    T.log_metrics(crun, {"ok": float(r["ok"]), "fired_at": r["fired_at"], "steps_run": r["steps_run"],
-                                         "wall_s": r["wall_s"]})
-                    T.finish(crun, "FINISHED" if r["ok"] else "FAILED")
-                progress.reporter.advance()
-            canary_df = pd.DataFrame(rows)
-            canary_df.to_csv(out / "canaries.csv", index=False)
-            create_table_artifact(key="nightly-canaries", table=_records(canary_df.drop(columns=["paged", "states"])),
-                                  description="Fault-injection canaries: every alert must fire, the control stay quiet")
-            results["canaries"] = canary_df
-            stages["canaries_s"] = time.time() - t0
-            stage_orch["canaries"] = clock.breakdown(t0, time.time())["orchestration_s"]
-
-        # 5. a live multi-tenant platform round on a fixed slot pool
+            with times.stage("canaries"):
+                res.canaries = stage_canaries(canary_names, canary_steps, fault_at, cache_dir, out, res,
+                                              mlflow_experiment)
         if platform:
-            t0 = time.time()
-            pr = platform_round(jobs=platform_jobs, steps=platform_steps or (12 if quick else 24), slots=2,
-                                out_dir=str(out / "platform"), cache_dir=cache_dir, retry_delay_s=retry_delay_s,
-                                mlflow_experiment=mlflow_experiment, parent_run_id=run_id)
-            results["platform"] = pr
-            stages["platform_s"] = time.time() - t0
-            stage_orch["platform"] = clock.breakdown(t0, time.time())["orchestration_s"]
-
-        # 6. tonight vs the last nightly
-        t0 = time.time()
-        with clock.span("tracking"):  # MLflow queries
-            rep = T.nightly_report(mlflow_experiment, tonight_id=run_id)
-        report_md = T.report_markdown(rep)
-        timing = clock.breakdown(t_start, time.time())
-        report_md += "\n" + overhead_markdown(timing, stages, stage_orch)
-        (out / "report.md").write_text(report_md)
-        create_markdown_artifact(key="nightly-report", markdown=report_md,
-                                 description="Tonight vs the last nightly: schedulers, tenants, overhead")
-        stages["report_s"] = time.time() - t0
-        stage_orch["report"] = clock.breakdown(t0, time.time())["orchestration_s"]
-        timing = clock.breakdown(t_start, time.time())
-        ok_canaries = bool(results.get("canaries") is None or results["canaries"]["ok"].all())
-        job_state = results["job"].get("state") if isinstance(results.get("job"), dict) else "not run"
-        run.close(metrics={**timing, **stages, **{f"orchestration_s/{k}": v for k, v in stage_orch.items()},
+            with times.stage("platform"):
+                res.platform = platform_round(jobs=platform_jobs, steps=platform_steps or (12 if quick else 24),
+                                              slots=2, out_dir=str(out / "platform"), cache_dir=cache_dir,
+                                              retry_delay_s=retry_delay_s, mlflow_experiment=mlflow_experiment,
+                                              parent_run_id=res.run_id)
+        with times.stage("report"):
+            res.report = stage_report(mlflow_experiment, res.run_id, t_start, times, out)
+        res.timing, res.stages = clock.breakdown(t_start, time.time()), times.wall
+        ok_canaries = bool(res.canaries is None or res.canaries["ok"].all())
+        job_state = res.job.get("state") if isinstance(res.job, dict) else "not run"
+        run.close(metrics={**res.timing, **times.wall,
+                           **{f"orchestration_s/{k}": v for k, v in times.orchestration.items()},
                            "canaries_ok": float(ok_canaries)},
-                  texts={"report.md": report_md, "timing.json": json.dumps({**timing, **stages}, indent=2)},
+                  texts={"report.md": res.report, "timing.json": json.dumps({**res.timing, **times.wall}, indent=2)},
                   artifacts=[str(out / "scheduling" / "summary.csv")],
                   tags={"job_state": job_state, "canaries_ok": ok_canaries})
-    results.update(report=report_md, timing=timing, stages=stages)
-    return results
+    return res
 
 
 @flow(name="nightly-sweep", task_runner=task_runner("thread"), log_prints=False)
@@ -297,7 +342,7 @@ def nightly_sweep(
     out_dir: str = "results/nightly",
     cache_dir: str = "runs/.cache",
     mlflow_experiment: str = T.DEFAULT_EXPERIMENT,
-) -> dict[str, Any]:
+) -> NightlyResult:
     """The nightly: E1-E8 on the simulator, the detector comparison, one real RLHF job with its best
     checkpoint registered and re-evaluated, the health canaries, a live platform round, and tonight vs the
     last nightly.

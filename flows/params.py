@@ -20,5 +20,5 @@ ExperimentName = Literal["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E8"]
 AlertProfile = Literal["canary"]
 #: infra.provision.RUNNERS
 RunnerKind = Literal["thread", "ray"]
-#: rlhfops.commands.canary.CANARIES
+#: training.canaries.CANARIES
 CanaryName = Literal["control", "frozen_sync", "constant_reward", "oversized_lr", "gameable_reward"]

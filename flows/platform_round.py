@@ -13,12 +13,13 @@ checkpoint is left to the deployment path).
 from __future__ import annotations
 
 import json
-import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
@@ -29,10 +30,11 @@ from common.validate import check_out_dir
 from flows import progress
 from infra import tracking as T
 from infra.provision import gpu_slots, task_runner
-from tasks.retry import backoff
+from scheduling.live import LiveRound
 from tasks.timing import clock
 from tasks.tracking import parent_run
-from tasks.training import best_of, resolve_train_config, score_checkpoints, start_worker, train_supervised
+from tasks.training import PrefectJobHooks, resolve_train_config
+from training.lifecycle import JOB_DONE, JobSpec, job_record, run_job
 
 #: the default round: five tenants, one job each; two are set up to over-optimise the proxy reward
 DEFAULT_JOBS: list[dict[str, Any]] = [
@@ -60,9 +62,9 @@ def check_job_spec(spec: dict[str, Any], i: int) -> None:
 
 
 def platform_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
-    """The canaries' small PPO job (rlhfops/commands/canary.py) with a gate and a checkpoint every 2 steps;
+    """The canaries' small PPO job (training/canaries.py) with a gate and a checkpoint every 2 steps;
     one torch thread per job so concurrent jobs share the cores instead of oversubscribing them."""
-    from rlhfops.commands.canary import base_config
+    from training.canaries import base_config
 
     raw = base_config(steps, 0, cache_dir)
     raw.update(name="platform-ppo", eval_every=2, checkpoint_every=2)
@@ -70,65 +72,68 @@ def platform_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
     return raw
 
 
+@dataclass(frozen=True)
+class RoundContext:
+    """What every job of one round shares: where it writes, its MLflow parent, the alert catalog, the ledger, the
+    slot pool, the first retry delay, the round's start time."""
+
+    out_dir: str
+    flow_run_id: str
+    mlflow_experiment: str
+    parent_run_id: str
+    catalog: Any
+    ledger: Any
+    gpu_kind: str
+    slots: Any
+    retry_delay_s: float
+    round_start: float
+
+
 @task(name="platform-job", task_run_name="job {spec[tenant]}/{spec[name]}", cache_policy=NO_CACHE)
-def platform_job(spec: dict[str, Any], cfg, view, policy, lock: threading.Lock, ctx: dict[str, Any]) -> dict:
-    """One tenant job on its slots: worker start, supervised training, the scheduler's checkpoint decisions,
-    the best checkpoint kept; a child MLflow run with the tenant's cost."""
-    from eval.states import RunSupervisor
+def platform_job(spec: dict[str, Any], cfg, observe, rc: RoundContext) -> dict:
+    """One tenant job on its slots (`training.lifecycle.run_job`): worker start, supervised training, the
+    scheduler's checkpoint decisions (`observe`; a stop pauses the run, resumable), the best checkpoint kept; a
+    child MLflow run with the tenant's cost."""
+    from eval.supervisor import RunSupervisor
     from flows.rlhf_job import fresh_run_dir
 
     job = f"{spec['tenant']}/{spec['name']}"
-    out = Path(ctx["out_dir"]) / spec["tenant"] / spec["name"]
+    out = Path(rc.out_dir) / spec["tenant"] / spec["name"]
     fresh_run_dir(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.resolved.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     with clock.span("tracking"):
-        run_id, _ = T.open_run(f"{ctx['flow_run_id']}/{job}", job, ctx["mlflow_experiment"], ctx["parent_run_id"],
+        run_id, _ = T.open_run(f"{rc.flow_run_id}/{job}", job, rc.mlflow_experiment, rc.parent_run_id,
                                tags={T.KIND_TAG: "platform_job", T.TENANT_TAG: spec["tenant"]})
-    sup = RunSupervisor(run_id, spec["tenant"], ctx["catalog"].start(tenant=spec["tenant"]), ledger=ctx["ledger"],
-                        gpu_kind=ctx["gpu_kind"], n_gpus=spec["gpus"])
+    jspec = JobSpec(tenant=spec["tenant"], name=spec["name"], config=cfg, run_id=run_id, out_dir=out, overlap="full",
+                    gpus=spec["gpus"], gpu_kind=rc.gpu_kind, pausable=True)
+    sup = RunSupervisor(run_id, spec["tenant"], rc.catalog.start(tenant=spec["tenant"]), ledger=rc.ledger,
+                        gpu_kind=rc.gpu_kind, n_gpus=spec["gpus"])
     started = time.time()
-    with ctx["slots"].take(spec["gpus"]):
-        slot_start = time.time()  # the job's own record of when it held its slots (tests check the pool size)
-        sup.begin()
-        trainer = start_worker.with_options(retry_delay_seconds=backoff(ctx["retry_delay_s"]))(
-            job, cfg, "full", str(out))
-
-        def on_step(rec, _sup) -> bool:
-            if rec.gold_eval != rec.gold_eval:  # no gate at this step: nothing new for the scheduler
-                return False
-            with lock:  # the policy's detector monitors are shared by every job thread
-                view.attained = float(rec.step)
-                view.progress = rec.step / cfg.steps
-                view.eval_history.append(float(rec.gold_eval))
-                view.loss_history.append(float(rec.loss_policy))
-                view.reward_history.append(float(rec.reward_mean))
-                view.progress_history.append(view.progress)
-                view.eval_se = float(rec.gold_eval_se)
-                return bool(policy.on_checkpoint(view))
-
-        result = train_supervised(job, trainer, sup, run_id, cfg.steps, on_step=on_step)
-        slot_end = time.time()
-    finished = time.time()
-    status = sup.finish(completed=result["decision"] != "failed", exception=result["error"])
-    scores = score_checkpoints(job, [str(p) for p in sorted((out / "checkpoints").glob("step-*"))])
-    best = best_of(scores)
-    totals = ctx["ledger"].run_totals().get(run_id)
+    outcome = run_job(jspec, observe, hooks=PrefectJobHooks(run_id, rc.slots, rc.retry_delay_s), supervisor=sup)
+    status, best = outcome.status, outcome.best
+    (out / JOB_DONE).write_text(json.dumps({**job_record(outcome), "tenant": spec["tenant"], "name": spec["name"],
+                                            "detector": None, "overlap": "full", "gpus": spec["gpus"]}))
+    totals = rc.ledger.run_totals().get(run_id)
     metrics = {"cost_usd": float(totals.cost) if totals else 0.0,
-               "gpu_hours": totals.gpu_seconds / 3600 if totals else 0.0, "steps": len(result["records"]),
+               "gpu_hours": totals.gpu_seconds / 3600 if totals else 0.0, "steps": len(outcome.records),
                "tokens_generated": totals.tokens_generated if totals else 0,
                "best_eval": best["eval_score"] if best else float("nan"),
-               "jct_s": finished - ctx["round_start"], "run_s": finished - started}
+               "jct_s": outcome.slot_end - rc.round_start, "run_s": outcome.slot_end - started}
     with clock.span("tracking"):
         T.log_metrics(run_id, metrics)
-        T.set_tags(run_id, {"run_state": status.label, "decision": result["decision"],
+        T.set_tags(run_id, {"run_state": status.label, "decision": outcome.decision,
                             "alerts": json.dumps([e.alert for e in sup.events]),
                             "failure_class": status.failure.value if status.failure else "",
-                            "best_checkpoint": best["checkpoint"] if best else ""})
+                            "best_checkpoint": best["checkpoint"] if best else "",
+                            "state_history": json.dumps(sup.machine.labels())[:5000]})
         T.finish(run_id, "FAILED" if status.failure else "FINISHED")
-    return {"tenant": spec["tenant"], "job": spec["name"], "gpus": spec["gpus"], "decision": result["decision"],
+    stopped_at = outcome.records[-1]["step"] if outcome.decision == "stopped" and outcome.records else None
+    return {"tenant": spec["tenant"], "job": spec["name"], "gpus": spec["gpus"], "decision": outcome.decision,
             "state": status.label, "alerts": ",".join(e.alert for e in sup.events),
-            "stopped_at": view.attained if result["decision"] == "stopped" else None,
-            "best_step": best["step"] if best else None, **metrics, "slot_start": slot_start, "slot_end": slot_end,
-            "run_id": run_id}
+            "stopped_at": float(stopped_at) if stopped_at is not None else None,
+            "best_step": best["step"] if best else None, **metrics, "slot_start": outcome.slot_start,
+            "slot_end": outcome.slot_end, "run_id": run_id}
 
 
 @flow(name="platform-round", task_runner=task_runner("thread", 8), log_prints=False)
@@ -187,35 +192,28 @@ def platform_round(
         tenants = list(dict.fromkeys(s["tenant"] for s in specs))
         views = [JobView(i, "rlhf", tenants.index(s["tenant"]), s["gpus"], 0.0, float(c.steps))
                  for i, (s, c) in enumerate(zip(specs, cfgs, strict=True))]
-        ctx = {"out_dir": out_dir, "flow_run_id": run.ctx[T.FLOW_RUN_TAG], "mlflow_experiment": mlflow_experiment,
-               "parent_run_id": run.run_id,
-               "catalog": Catalog.from_file(alerts, algorithm="ppo", profile=alert_profile),
-               "ledger": Ledger(prices), "gpu_kind": gpu_kind, "slots": gpu_slots(slots, slot_limit),
-               "retry_delay_s": retry_delay_s, "round_start": time.time()}
-        lock = threading.Lock()
+        rc = RoundContext(out_dir=out_dir, flow_run_id=run.ctx[T.FLOW_RUN_TAG], mlflow_experiment=mlflow_experiment,
+                          parent_run_id=run.run_id,
+                          catalog=Catalog.from_file(alerts, algorithm="ppo", profile=alert_profile),
+                          ledger=Ledger(prices), gpu_kind=gpu_kind, slots=gpu_slots(slots, slot_limit),
+                          retry_delay_s=retry_delay_s, round_start=time.time())
+        live = LiveRound(policy, views, [s["gpus"] for s in specs], slots)
         progress.reporter.stage(f"platform round: {len(specs)} jobs on {slots} slots ({scheduler})", total=len(specs))
-        pending, running, rows, free, order = list(range(len(specs))), {}, [], slots, []
-        while pending or running:
-            with lock:
-                pending.sort(key=lambda i: (policy.priority(views[i]), i))
-            for i in list(pending):
-                if specs[i]["gpus"] <= free:
-                    pending.remove(i)
-                    free -= specs[i]["gpus"]
-                    order.append(i)
-                    running[platform_job.submit(specs[i], cfgs[i], views[i], policy, lock, ctx)] = i
+        running, rows = {}, []
+        while not live.done:
+            for i in live.to_start():
+                running[platform_job.submit(specs[i], cfgs[i], live.observer(i, cfgs[i].steps), rc)] = i
             fut = next(as_completed(list(running)))  # the first job to end frees its slots
-            i = running.pop(fut)
-            free += specs[i]["gpus"]
+            live.finished(running.pop(fut))
             rows.append(fut.result())
             progress.reporter.advance()
         table = pd.DataFrame(rows)
         index_of = {(s["tenant"], s["name"]): i for i, s in enumerate(specs)}
-        table.insert(0, "start_order", [order.index(index_of[(r["tenant"], r["job"])]) for r in rows])
+        table.insert(0, "start_order", [live.order.index(index_of[(r["tenant"], r["job"])]) for r in rows])
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         table.to_csv(out / "jobs.csv", index=False)
-        ctx["ledger"].frame().to_csv(out / "ledger.csv", index=False)
+        rc.ledger.frame().to_csv(out / "ledger.csv", index=False)
         per_tenant = table.groupby("tenant")[["cost_usd", "gpu_hours", "steps"]].sum()
         metrics = {"jobs": len(table), "stopped": int((table.decision == "stopped").sum()),
                    "mean_jct_s": float(table.jct_s.mean()), "makespan_s": float(table.jct_s.max()),
@@ -224,5 +222,5 @@ def platform_round(
                               table=json.loads(table.drop(columns=["run_id"]).to_json(orient="records")),
                               description=f"Live round: {len(specs)} jobs, {slots} slots, {scheduler}")
         run.close(metrics=metrics, artifacts=[str(out / "jobs.csv"), str(out / "ledger.csv")],
-                  tags={"slots_backend": ctx["slots"].backend})
-    return {"run_id": run.run_id, "jobs": table, "metrics": metrics, "slots": ctx["slots"].describe()}
+                  tags={"slots_backend": rc.slots.backend})
+    return {"run_id": run.run_id, "jobs": table, "metrics": metrics, "slots": rc.slots.describe()}

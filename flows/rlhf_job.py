@@ -22,29 +22,17 @@ from common.validate import check_out_dir
 from flows import progress
 from flows.params import AlertProfile, DetectorName, Overlap
 from infra import tracking as T
-from infra.provision import gpu_slots, wait_for_api
+from infra.provision import gpu_slots
 from tasks.retry import backoff
 from tasks.timing import clock
 from tasks.tracking import error_tags, parent_run
-from tasks.training import (
-    best_of,
-    register_checkpoint,
-    replay_history,
-    resolve_train_config,
-    score_checkpoints,
-    start_worker,
-    train_supervised,
-)
+from tasks.training import PrefectJobHooks, register_checkpoint, resolve_train_config
+from training.lifecycle import JOB_DONE, JobSpec, job_record, paused_run, rewind_to, run_job
 from training.rundir import locked_run_dir
 
 
 class JobFailed(RuntimeError):
     """The job ended FAILED(class): the flow run fails too, after everything was recorded."""
-
-
-#: written into the run directory when a job has ended (any final state): a directory without it holds an
-#: interrupted job, which `resume` continues; one with it is started over
-JOB_DONE = "job.json"
 
 
 def fresh_run_dir(out: Path) -> None:
@@ -111,6 +99,7 @@ def rlhf_job_internal(
     out_dir: str | None = None,
     registered_model: str | None = None,
     resume: bool = True,
+    resume_paused: bool = False,
     fail_rate: float = 0.0,
     fault_seed: int = 0,
     retry_delay_s: float = 1.0,
@@ -124,10 +113,13 @@ def rlhf_job_internal(
 
     `resume` (default): continue an interrupted job from the newest checkpoint in `out_dir` (a crash, an API
     outage that outlasted the retries: the retry keeps the work done); a directory whose job ended is started
-    over. `resume=False` always starts over. `out_dir` is locked while the job runs: a second job on the same
-    directory fails at once (bad input, not retried)."""
+    over. `resume=False` always starts over. `resume_paused`: continue the run the eval gate paused in `out_dir`
+    from its kept checkpoint (the job's detector verdict pauses it: PAUSED_BY_GATE, the best checkpoint
+    registered). `out_dir` is locked while the job runs: a second job on the same directory fails at once (bad
+    input, not retried)."""
     from eval.detectors import make_detector
-    from eval.states import RunState, RunSupervisor
+    from eval.states import RunState
+    from eval.supervisor import RunSupervisor
     from infra.metrics import PlatformMetrics
 
     cfg, catalog, ledger = validate_job(config, overrides, steps, overlap, detector, gpus, cluster_gpus, gpu_kind,
@@ -135,8 +127,11 @@ def rlhf_job_internal(
     job = f"{tenant}/{name}"
     out = Path(out_dir or Path("runs") / "jobs" / tenant / name)
     check_out_dir(out, "out_dir")
+    paused = paused_run(out) if resume_paused else None
+    if resume_paused and paused is None:
+        raise BadInput(f"resume_paused: {out} holds no run paused by the eval gate (its {JOB_DONE} does not say "
+                       "PAUSED_BY_GATE with a kept checkpoint); leave resume_paused off to start the job over")
     resolved = cfg.model_dump(mode="json")
-    delays = backoff(retry_delay_s)
     sup = status = None
 
     def failure_tags(err: BaseException) -> dict[str, Any]:
@@ -154,41 +149,42 @@ def rlhf_job_internal(
                             "gpus": gpus, "gpu_kind": gpu_kind, "detector": detector, **_flatten(resolved)},
                     fail_rate=fail_rate, fault_seed=fault_seed, retry_delay_s=retry_delay_s,
                     failure_tags=failure_tags) as run:
-        if not resume or (out / JOB_DONE).exists():
+        if paused is not None:  # continue from the kept checkpoint: the later ones go, the ledger stays
+            rewind_to(out, paused.best_step)
+            (out / JOB_DONE).unlink()
+        elif not resume or (out / JOB_DONE).exists():
             fresh_run_dir(out)
         (out / "config.resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
         run_id = run.run_id
+        spec = JobSpec(tenant=tenant, name=name, config=cfg, run_id=run_id, out_dir=out, overlap=overlap, gpus=gpus,
+                       gpu_kind=gpu_kind, detector=detector, alerts=alerts, alert_profile=alert_profile,
+                       pausable=True, resume=paused)
         sup = RunSupervisor(run_id, tenant, catalog.start(tenant=tenant), gate_detector=make_detector(detector),
                             ledger=ledger, metrics=PlatformMetrics(tenants=[tenant]), gpu_kind=gpu_kind, n_gpus=gpus)
         slots = gpu_slots(cluster_gpus)
         progress.reporter.stage(f"rlhf job {job}: {cfg.steps} PPO steps ({overlap})", total=cfg.steps)
-        sup.machine.provision()
-        with slots.take(gpus) as waited:
-            trainer = start_worker.with_options(retry_delay_seconds=delays)(
-                job, cfg, overlap, str(out), fail_rate, fault_seed)
-            sup.machine.start()
-            replayed = replay_history(out, trainer.step, sup, run_id)  # a resumed job's earlier steps
-            if sup.machine.state is RunState.PAUSED_BY_GATE:
-                result = {"decision": "paused", "error": None, "records": [], "wall_s": 0.0}
-            else:
-                result = train_supervised(job, trainer, sup, run_id, cfg.steps,
-                                          on_step=lambda rec, _s: progress.reporter.advance())
-            result["records"] = replayed + result["records"]
-        wait_for_api()  # an outage during training: wait it out here rather than fail with the work done
-        scores = score_checkpoints.with_options(retry_delay_seconds=delays)(
-            job, [str(p) for p in sorted((out / "checkpoints").glob("step-*"))])
-        status = sup.finish(completed=result["decision"] != "failed", exception=result["error"])
-        best = best_of(scores)
+        hooks = PrefectJobHooks(run_id, slots, retry_delay_s, fail_rate, fault_seed, wait_api=True,
+                                after_step=lambda rec, _s: progress.reporter.advance())
+        outcome = run_job(spec, hooks=hooks, supervisor=sup)
+        status, scores, best = outcome.status, outcome.scores, outcome.best
         registry = None
-        if best is not None and status.state is RunState.SUCCEEDED:  # a failed run registers nothing
-            registry = register_checkpoint.with_options(retry_delay_seconds=delays)(
+        # a failed run registers nothing; a paused one registers its kept checkpoint
+        if best is not None and status.state in (RunState.SUCCEEDED, RunState.PAUSED_BY_GATE):
+            registry = register_checkpoint.with_options(retry_delay_seconds=backoff(retry_delay_s))(
                 run_id, registered_model or f"{tenant}-policy", best, tenant, job, fail_rate, fault_seed,
                 run_state=status.label)
-        # close the tenant's ledger: the run's totals become MLflow metrics and a CSV artifact
+        # close the tenant's ledger: the run's totals become MLflow metrics and a CSV artifact (a resumed run's CSV
+        # keeps the earlier segments' rows: each step is charged once, by the segment that ran it)
         totals = ledger.run_totals().get(run_id)
         ledger_csv = out / "ledger.csv"
-        ledger.frame().to_csv(ledger_csv, index=False)
-        records = result["records"]
+        frame = ledger.frame()
+        if paused is not None and ledger_csv.is_file():
+            import pandas as pd
+
+            earlier = pd.read_csv(ledger_csv)
+            frame = pd.concat([earlier[earlier.run_id != run_id], frame], ignore_index=True)
+        frame.to_csv(ledger_csv, index=False)
+        records = outcome.records
         final = records[-1] if records else {}
         job_metrics = {
             "cost_usd": float(totals.cost) if totals else 0.0,
@@ -197,24 +193,30 @@ def rlhf_job_internal(
             "best_eval": best["eval_score"] if best else math.nan,
             "best_eval_se": best["eval_se"] if best else math.nan,
             "best_step": best["step"] if best else math.nan,
-            "final_reward": final.get("reward_mean", math.nan), "slot_wait_s": waited,
-            "train_wall_s": result["wall_s"], "alerts_paged": len(sup.machine.pages),
+            "final_reward": final.get("reward_mean", math.nan), "slot_wait_s": outcome.slot_wait_s,
+            "train_wall_s": outcome.train_wall_s, "alerts_paged": len(sup.machine.pages),
+            "cost_usd_all_segments": float(frame["cost"].sum()) if len(frame) else 0.0,
         }
         failure = status.failure.value if status.failure else ""
         tags = {"run_state": status.label, "final_state": status.state.value, "failure_class": failure,
-                "reason": status.reason[:500], "decision": result["decision"],
+                "reason": status.reason[:500], "decision": outcome.decision,
                 "alerts": json.dumps([e.alert for e in sup.events]),
-                "slots_backend": slots.backend}
+                "slots_backend": slots.backend, "state_history": json.dumps(sup.machine.labels())[:5000]}
+        if paused is not None:
+            tags.update(resumed_from_run=paused.run_id, resumed_from_step=paused.best_step,
+                        paused_at_step=paused.paused_step)
         (out / "scores.json").write_text(json.dumps(scores, indent=2))
         log_job_plots(run_id, records, out, job)
         run.close(metrics=job_metrics, tags=tags,
                   artifacts=[str(out / "config.resolved.yaml"), str(ledger_csv), str(out / "scores.json"),
                              str(out / "metrics.csv")],
                   status="FAILED" if status.state is RunState.FAILED else "FINISHED")
-        (out / JOB_DONE).write_text(json.dumps({"run_id": run_id, "state": status.label}))
-    summary = {"job": job, "tenant": tenant, "run_id": run_id, "state": status.label, "decision": result["decision"],
+        (out / JOB_DONE).write_text(json.dumps({**job_record(outcome), "tenant": tenant, "name": name,
+                                                "detector": detector, "overlap": overlap, "gpus": gpus}))
+    summary = {"job": job, "tenant": tenant, "run_id": run_id, "state": status.label, "decision": outcome.decision,
                "failure_class": failure, "reason": status.reason, "best": best, "registry": registry,
-               "metrics": job_metrics, "out_dir": str(out), "history": sup.machine.labels()}
+               "metrics": job_metrics, "out_dir": str(out), "history": sup.machine.labels(),
+               "resumed_from": paused.__dict__ if paused is not None else None}
     job_artifact(summary, mlflow_experiment)
     if status.state is RunState.FAILED:
         raise JobFailed(f"{job}: {status.label}: {status.reason}")
@@ -239,6 +241,7 @@ def rlhf_job(
     out_dir: str | None = None,
     registered_model: str | None = None,
     resume: bool = True,
+    resume_paused: bool = False,
     mlflow_experiment: str = T.DEFAULT_EXPERIMENT,
 ) -> dict[str, Any]:
     """Train one tenant's PPO job (OPPO overlap) on GPU worker slots under the run-health catalog and a
@@ -265,13 +268,15 @@ def rlhf_job(
         registered_model: model registry name for the best checkpoint (empty: <tenant>-policy).
         resume: continue an interrupted job from the newest checkpoint in its run directory (a crash, an API outage
             that outlasted the retries); a directory whose job ended is started over. Off: always start over.
+        resume_paused: continue the run the eval gate paused in the run directory (PAUSED_BY_GATE) from its kept
+            best checkpoint; the gate watches the continuation afresh. Off: a paused run is started over.
         mlflow_experiment: MLflow experiment the job's run goes to.
     """
     return rlhf_job_internal.fn(config=config, overrides=overrides, tenant=tenant, name=name, overlap=overlap,
                                 steps=steps, gpus=gpus, cluster_gpus=cluster_gpus, gpu_kind=gpu_kind,
                                 detector=detector, alerts=alerts, alert_profile=alert_profile, prices=prices,
                                 out_dir=out_dir, registered_model=registered_model, resume=resume,
-                                mlflow_experiment=mlflow_experiment)
+                                resume_paused=resume_paused, mlflow_experiment=mlflow_experiment)
 
 
 def log_job_plots(run_id: str, records: list[dict], out: Path, job: str) -> None:

@@ -20,7 +20,7 @@ app = typer.Typer(
 # Modules under rlhfops/commands that define `register(app)`. Order is the order in --help.
 COMMAND_MODULES: list[str] = [
     "simulate", "detect", "health", "bench", "train", "canary", "nightly", "report", "traces", "platform",
-    "sweep",
+    "resume", "sweep",
 ]
 
 

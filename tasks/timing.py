@@ -66,3 +66,27 @@ class Clock:
 
 
 clock = Clock()
+
+
+class StageTimes:
+    """Each stage's wall seconds (`<stage>_s`) and the part of them that was orchestration (`Clock.breakdown`): the one
+    helper the flows time their stages with.
+
+        times = StageTimes()
+        with times.stage("matrix"):
+            ...
+        times.wall, times.orchestration   # {"matrix_s": 12.3}, {"matrix": 0.4}
+    """
+
+    def __init__(self, source: Clock | None = None) -> None:
+        self.clock = source or clock
+        self.wall: dict[str, float] = {}
+        self.orchestration: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        t0 = time.time()
+        yield
+        t1 = time.time()
+        self.wall[f"{name}_s"] = t1 - t0
+        self.orchestration[name] = self.clock.breakdown(t0, t1)["orchestration_s"]

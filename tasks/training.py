@@ -1,17 +1,17 @@
-"""Prefect tasks around the trainer: start a worker, train under supervision, score and register checkpoints.
+"""Prefect tasks around the trainer: start a worker, train under supervision, score and register checkpoints, and
+`PrefectJobHooks`, the platform's side effects that `training.lifecycle.run_job` calls.
 
-The supervision loop is the platform's control path: every `StepRecord` the trainer yields goes through
-`eval.states.RunSupervisor` (alert catalog, run state machine, eval-gate detector, ledger, Prometheus
-metrics). The run continues while it is RUNNING or DEGRADED, pauses at a checkpoint when a paging alert
-with the `pause` action or the gate detector says so (PAUSED_BY_GATE: training stops, slots are freed, the
-best checkpoint is kept), and stops on an error (FAILED with the class `eval.attribution` assigns).
+The supervision loop (`training.lifecycle.supervise`) is the platform's control path: every `StepRecord` the
+trainer yields goes through `eval.supervisor.RunSupervisor` (alert catalog, run state machine, eval-gate detector,
+ledger, Prometheus metrics). The run continues while it is RUNNING or DEGRADED, pauses at a checkpoint when a
+paging alert with the `pause` action or the gate detector says so (PAUSED_BY_GATE: training stops, slots are
+freed, the best checkpoint is kept), and stops on an error (FAILED with the class `eval.attribution` assigns).
 """
 
 from __future__ import annotations
 
 import math
-import re
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,15 @@ from eval.states import RunState
 from infra import tracking as T
 from tasks.retry import RETRIES, backoff, maybe_fail, retry_transient
 from tasks.timing import clock
+from training.lifecycle import (  # noqa: F401 - step_of, best_of: re-exported for the flows
+    JobHooks,
+    JobSpec,
+    TrainingResult,
+    best_of,
+    read_history,
+    replay,
+    step_of,
+)
 from training.trainer import Trainer, gold_eval
 
 _RETRY = dict(retries=RETRIES, retry_delay_seconds=backoff(1.0), retry_jitter_factor=0.5,
@@ -77,56 +86,62 @@ def start_worker(job: str, config, overlap: str, out_dir: str, fail_rate: float 
 
 
 @task(name="train", task_run_name="train {job}", cache_policy=NO_CACHE)
-def train_supervised(job: str, trainer, supervisor, run_id: str | None, steps: int | None = None,
-                     on_step=None) -> dict[str, Any]:
-    """Train, feeding every step to the supervisor; per-step metrics go to MLflow in batches. `on_step(record,
-    supervisor)` may return True to stop the job (the platform's scheduler stopping it). Returns the decision
-    (`completed`, `paused` by the supervisor, `stopped` by the scheduler, `failed`), the error if any and the
-    records' flat dicts."""
-    records: list[dict] = []
-    pending: list[dict] = []
-    decision, error = "completed", None
-    t0 = time.time()
-    logger = _run_logger()
-    run = trainer.run(steps)
-    while True:
-        try:
-            with clock.span("work"):
-                rec = next(run, None)
-                if rec is None:
-                    break
-                supervisor.observe(rec)
-        except Exception as err:  # a training error ends the run; attribution decides whose fault it is
-            decision, error = "failed", err
-            break
-        flat = rec.flat()
-        records.append(flat)
-        pending.append(flat)
-        if rec.step % PROGRESS_EVERY == 0 or rec.step == steps:
-            logger.info(progress_line(rec, steps, supervisor))
-        if on_step is not None and on_step(rec, supervisor):
-            decision = "stopped"
-            break
-        if run_id and len(pending) >= METRIC_FLUSH_STEPS:
+def train_task(job: str, loop: Callable[[], Any]) -> Any:
+    """The training loop (`training.lifecycle.supervise`) as one task run: the job's steps, supervised."""
+    return loop()
+
+
+class PrefectJobHooks(JobHooks):
+    """The platform's side effects around `training.lifecycle.run_job`: GPU slots from `slots`
+    (`infra.provision.gpu_slots`), the worker started by the retried `start_worker` task, the loop as the `train`
+    task, step records to the MLflow run `run_id`, a progress line in the run's log every `PROGRESS_EVERY` steps,
+    the checkpoints scored by the retried `score_checkpoints` task (after waiting out an API outage, when
+    `wait_api`). `after_step(record, supervisor)` runs after each step (the flow's progress bar)."""
+
+    flush_every = METRIC_FLUSH_STEPS
+
+    def __init__(self, run_id: str | None, slots: Any = None, retry_delay_s: float = 1.0, fail_rate: float = 0.0,
+                 fault_seed: int = 0, after_step: Callable[[Any, Any], None] | None = None, wait_api: bool = False):
+        self.run_id, self.slots, self.delays = run_id, slots, backoff(retry_delay_s)
+        self.fail_rate, self.fault_seed, self.after_step, self.wait_api = fail_rate, fault_seed, after_step, wait_api
+        self.logger = _run_logger()
+        self.total: int | None = None
+
+    def hold_slots(self, spec: JobSpec):
+        return self.slots.take(spec.gpus) if self.slots is not None else super().hold_slots(spec)
+
+    def start_worker(self, spec: JobSpec):
+        self.total = spec.steps
+        return start_worker.with_options(retry_delay_seconds=self.delays)(
+            spec.job, spec.config, spec.overlap, str(spec.out_dir), self.fail_rate, self.fault_seed)
+
+    def supervise(self, spec: JobSpec, loop: Callable[[], TrainingResult]) -> TrainingResult:
+        result = train_task(spec.job, loop)
+        self.logger.info("training %s after %d steps%s", result.decision, len(result.records),
+                         f": {type(result.error).__name__}: {result.error}" if result.error is not None else "")
+        return result
+
+    def span(self, kind: str):
+        return clock.span(kind)
+
+    def log_records(self, records: list[dict]) -> None:
+        if self.run_id and records:
             with clock.span("tracking"):
-                T.log_step_records(run_id, pending)
-            pending = []
-        if supervisor.machine.state is RunState.PAUSED_BY_GATE:
-            decision = "paused"
-            break
-    run.close()
-    logger.info("training %s after %d steps (%s)%s", decision, len(records), supervisor.machine.status.label,
-                f": {type(error).__name__}: {error}" if error is not None else "")
-    if run_id and pending:
-        with clock.span("tracking"):
-            T.log_step_records(run_id, pending)
-    return {"decision": decision, "error": error, "records": records, "wall_s": time.time() - t0}
+                T.log_step_records(self.run_id, records)
 
+    def on_step(self, record: Any, supervisor: Any) -> str | None:
+        if record.step % PROGRESS_EVERY == 0 or record.step == self.total:
+            self.logger.info(progress_line(record, self.total, supervisor))
+        if self.after_step is not None:
+            self.after_step(record, supervisor)
+        return None
 
-def step_of(checkpoint: str | Path) -> int:
-    """The step in a `checkpoints/step-NNNNNN` name (-1 for other names, e.g. a registry download)."""
-    m = re.fullmatch(r"step-(\d+)", Path(checkpoint).name)
-    return int(m.group(1)) if m else -1
+    def score(self, spec: JobSpec, checkpoints: list[str]) -> list[dict[str, Any]]:
+        if self.wait_api:
+            from infra.provision import wait_for_api
+
+            wait_for_api()  # an outage during training: wait it out here rather than fail with the work done
+        return score_checkpoints.with_options(retry_delay_seconds=self.delays)(spec.job, checkpoints)
 
 
 @task(name="score-checkpoints", task_run_name="score checkpoints {job}", **_RETRY)
@@ -141,21 +156,13 @@ def score_checkpoints(job: str, checkpoints: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def best_of(scores: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Highest held-out score; ties go to the earlier checkpoint (less optimisation pressure)."""
-    finite = [s for s in scores if math.isfinite(s["eval_score"])]
-    if not finite:
-        return None
-    return max(finite, key=lambda s: (s["eval_score"], -s["step"]))
-
-
 @task(name="register-checkpoint", task_run_name="register {model_name}", **_RETRY)
 def register_checkpoint(run_id: str, model_name: str, best: dict[str, Any], tenant: str, job: str,
                         fail_rate: float = 0.0, fault_seed: int = 0, run_state: str = "") -> dict[str, Any]:
     """Write the best checkpoint to the job's MLflow run (`best_checkpoint/`) and register it as a model
     version tagged with its eval score (at full precision) and the run's final state; the `best` alias moves to
-    it only when the run ended well (`run_state` SUCCEEDED, which a run paused by the gate with its best
-    checkpoint kept also ends in) and it scores strictly higher than the current holder (`moves_best`).
+    it only when the run ended well (`run_state` SUCCEEDED, or PAUSED_BY_GATE: paused by the gate with its best
+    checkpoint kept) and it scores strictly higher than the current holder (`moves_best`).
     Idempotent: a version already registered for this run is returned, not made again."""
     from mlflow.exceptions import MlflowException
 
@@ -191,9 +198,10 @@ def register_checkpoint(run_id: str, model_name: str, best: dict[str, Any], tena
     return {"model": model_name, "version": int(mv.version), "alias_best": moved, "source": mv.source}
 
 
-#: run states whose checkpoints may hold the registry's `best` alias (`RunStatus.label`; a run the eval gate paused
-#: ends SUCCEEDED with its best checkpoint kept)
-BEST_ELIGIBLE_STATES = (RunState.SUCCEEDED.value,)
+#: run states whose checkpoints may hold the registry's `best` alias (`RunStatus.label`): a run that ended well, and
+#: a live run the eval gate paused with its best checkpoint kept (PAUSED_BY_GATE; outside the live paths such a run
+#: ends SUCCEEDED)
+BEST_ELIGIBLE_STATES = (RunState.SUCCEEDED.value, RunState.PAUSED_BY_GATE.value)
 
 
 def moves_best(run_state: str, score: float, holder: float | None) -> bool:
@@ -224,34 +232,9 @@ def holder_score(c, holder) -> float | None:
 
 
 def replay_history(out_dir: str | Path, upto_step: int, supervisor, run_id: str | None = None) -> list[dict[str, Any]]:
-    """A resumed job's steps 1..`upto_step` (the checkpoint it resumed from), read back from the run directory's
-    `metrics.csv` and fed to the supervisor in order, so its verdict (alerts, run state, eval gate, ledger) covers
-    the whole run and not only the steps after the resume: a job whose KL alert fired before a crash must not
-    register its checkpoint after the retry. Logged to the MLflow run `run_id` if given. Returns the flat dicts."""
-    import csv
-    from dataclasses import fields
-
-    from training.metrics import PHASES, StepRecord
-
-    path = Path(out_dir) / "metrics.csv"
-    if upto_step < 1 or not path.is_file():
-        return []
-    with path.open() as f:
-        rows = [r for r in csv.DictReader(f) if r.get("step") and int(r["step"]) <= upto_step]
-    out = []
-    for row in sorted(rows, key=lambda r: int(r["step"])):
-        kw: dict[str, Any] = {}
-        for fld in fields(StepRecord):
-            text = row.get(fld.name, "")
-            if fld.name == "phase_seconds" or text in ("", None):
-                continue
-            kw[fld.name] = int(float(text)) if fld.type in ("int", int) else float(text)
-        kw["phase_seconds"] = {n: float(row.get(f"phase_{n}_s") or 0.0) for n in PHASES}
-        rec = StepRecord(**kw)
-        supervisor.observe(rec)
-        out.append(rec.flat())
-        if supervisor.machine.state is RunState.PAUSED_BY_GATE:
-            break
+    """A resumed job's steps 1..`upto_step` read back from the run directory and fed to the supervisor
+    (`training.lifecycle.read_history`, `replay`); logged to the MLflow run `run_id` if given."""
+    out = replay(read_history(out_dir, upto_step), supervisor)
     if run_id and out:
         with clock.span("tracking"):
             T.log_step_records(run_id, out)

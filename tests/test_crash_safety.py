@@ -69,7 +69,8 @@ def test_a_failed_run_never_takes_best_even_with_the_highest_score(store, tmp_pa
 def test_a_run_paused_by_the_gate_ends_succeeded_and_can_take_best(store, tmp_path, model):
     from eval.detectors import make_detector
     from eval.health import Catalog
-    from eval.states import RunState, RunSupervisor
+    from eval.states import RunState
+    from eval.supervisor import RunSupervisor
 
     # the label a gate-paused run ends with, from the real state machine
     sup = RunSupervisor("r", "acme", Catalog.from_file(None, algorithm="ppo").start(tenant="acme"),

@@ -142,7 +142,7 @@ def canary_cache(tmp_path_factory):
 def test_canary(canary_cache, name):
     from eval.health import Catalog
     from infra.ledger import Ledger, PriceTable
-    from rlhfops.commands.canary import CANARIES, run_canary
+    from training.canaries import CANARIES, run_canary
 
     canary = {c.name: c for c in CANARIES}[name]
     catalog = Catalog.from_file(None, algorithm="ppo", profile="canary")

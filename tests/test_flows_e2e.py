@@ -209,7 +209,7 @@ def test_nightly_quick_end_to_end_mlflow_contents(prefect_server, mlflow_store, 
     canary = _runs("canary")
     assert list(canary["tags.mlflow.runName"]) == ["canary control"]
     assert {"report.md", "timing.json", "summary.csv"} <= {a.path for a in T.client().list_artifacts(n.run_id)}
-    assert "## Where the time went" in res["report"]
+    assert "## Where the time went" in res.report
     with get_client(sync_client=True) as c:
         arts = c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["nightly-report"])))
     assert arts and "Nightly report" in arts[0].data
@@ -218,7 +218,7 @@ def test_nightly_quick_end_to_end_mlflow_contents(prefect_server, mlflow_store, 
     state2 = N.nightly_sweep(quick=True, experiments=["E2"], seeds=[42], detectors=False, job=False, canaries=[],
                              platform=False, out_dir=str(tmp_path / "n2"), workers=1, return_state=True)
     assert state2.is_completed(), state2.message
-    rep = T.nightly_report(tonight_id=state2.result()["run_id"])
+    rep = T.nightly_report(tonight_id=state2.result().run_id)
     assert rep["last"].run_id == n.run_id
     s = rep["schedulers"]
     e2 = s[(s.experiment == "E2") & (s.metric == "jct_mean")]

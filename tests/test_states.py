@@ -186,7 +186,7 @@ def step_records(n, reward, kl, gate_every=10, eval_curve=None):
 def supervise(records, tenant="acme", gate_k=None):
     from eval.detectors import make_detector
     from eval.health import Catalog
-    from eval.states import RunSupervisor
+    from eval.supervisor import RunSupervisor
     from infra.ledger import Ledger, PriceTable
     from infra.metrics import PlatformMetrics
 

@@ -25,8 +25,8 @@ def check_nightly_args(workers: int | None, experiments: str | None, canaries: s
                        cache_dir: str) -> None:
     """What the nightly flow checks too, checked here before the Prefect server starts (10-18 s)."""
     from common.validate import check_out_dir, check_workers
-    from rlhfops.commands.canary import CANARIES
     from scheduling.experiments import EXPERIMENTS
+    from training.canaries import CANARIES
 
     check_workers(workers)
     for e in split_list(experiments) or []:
@@ -106,42 +106,44 @@ def register(app: typer.Typer) -> None:
                        job=not no_job, job_steps=job_steps, canaries=split_list(canaries), platform=not no_platform,
                        runner=runner, workers=workers, out_dir=str(out), cache_dir=cache_dir, fail_rate=fail_rate)
         process = clock.breakdown(t_process, time.time())
-        T.log_metrics(res["run_id"], {"process_wall_s": process["wall_s"],
+        T.log_metrics(res.run_id, {"process_wall_s": process["wall_s"],
                                       "process_orchestration_s": process["orchestration_s"],
                                       "process_orchestration_frac": process["orchestration_frac"]})
         print_summary(console, res, process, uri)
 
 
-def print_summary(console, res: dict, process: dict, uri: str) -> None:
+def print_summary(console, res, process: dict, uri: str) -> None:
+    """The nightly's result (`flows.nightly.NightlyResult`) as one table, then where to look."""
     from rich.table import Table
 
-    t = res["timing"]
+    t = res.timing
     table = Table(title="rlhfops nightly", title_justify="left", show_header=False)
     table.add_column("what")
     table.add_column("result")
-    m = res["matrix"]
+    m = res.matrix
     table.add_row("scheduling matrix", f"{m['experiment'].nunique()} experiments, {len(m)} scheduler rows: "
-                  f"{res['out_dir']}/scheduling/<EXP>/summary.csv and plots")
-    job = res.get("job")
+                  f"{res.out_dir}/scheduling/<EXP>/summary.csv and plots")
+    job = res.job
     if isinstance(job, dict):
         best = job.get("best") or {}
         reg = job.get("registry") or {}
         where = (f"registered as models:/{reg['model']}/{reg['version']}" if reg
-                 else "not registered (only a run that ended SUCCEEDED registers its checkpoint)")
+                 else "not registered (only a run that ended SUCCEEDED or was paused by its gate registers its "
+                      "checkpoint)")
         table.add_row("rlhf job", f"{job['state']} after {job['metrics']['steps']} steps; best checkpoint step "
                       f"{best.get('step', '—')} (held-out {best.get('eval_score', float('nan')):+.3f}) {where}")
     elif job is not None:
         table.add_row("rlhf job", f"[red]failed[/red]: {job}")
-    pf = res.get("platform")
+    pf = res.platform
     if pf:
         jobs = pf["jobs"]
         table.add_row("platform round", f"{len(jobs)} tenant jobs on {pf['slots']}: "
                       f"{int((jobs.decision == 'stopped').sum())} stopped by the scheduler, makespan "
                       f"{pf['metrics']['makespan_s']:.0f} s (results/…/platform/jobs.csv)")
-    ev = res.get("evaluation")
+    ev = res.evaluation
     if ev:
         table.add_row("checkpoint gate", f"re-scored from the registry: {ev['eval_score']:+.3f} ± {ev['eval_se']:.3f}")
-    c = res.get("canaries")
+    c = res.canaries
     if c is not None:
         bad = list(c.loc[~c["ok"], "canary"])
         table.add_row("canaries", f"{int(c['ok'].sum())}/{len(c)} ok" + (f" [red](failed: {', '.join(bad)})[/red]"
@@ -152,7 +154,7 @@ def print_summary(console, res: dict, process: dict, uri: str) -> None:
     console.print(table)
     db = uri.removeprefix("sqlite:///")
     console.print("Where to look:")
-    console.print(f"  report      {res['out_dir']}/report.md  (or `rlhfops report`)")
+    console.print(f"  report      {res.out_dir}/report.md  (or `rlhfops report`)")
     console.print(f"  MLflow UI   mlflow ui --backend-store-uri {uri}   (store: {db})")
     console.print("  Prefect UI  prefect server start, then rerun with PREFECT_API_URL=http://127.0.0.1:4200/api "
                   "(this run used a temporary server)")

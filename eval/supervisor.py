@@ -1,0 +1,146 @@
+"""RunSupervisor: drives one live run's state machine (eval/states.py) from the trainer's per-step records.
+
+It lives apart from the state machine so that `eval/states.py` (states, transitions) and `eval/attribution.py`
+(failure classes and reasons, which need the states' `FailureClass`) import in one direction only: this module
+uses both, neither uses it.
+
+A run the eval gate paused can be resumed (`resume_after_pause`): the history then reads
+`... RUNNING, PAUSED_BY_GATE(reason), RUNNING, ...`, the gate detector starts afresh from the resume point (the
+tenant overrode its verdict; it needs new evidence to stop the run again), and the attribution of the run's end
+says where it was paused and from which checkpoint it went on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eval.states import RunState, RunStatus
+
+
+class RunSupervisor:
+    """Drives one live run from the trainer's per-step records (`training.metrics.StepRecord`): feeds the
+    alert catalog, moves the run state on paging alerts, pauses at the next checkpoint (a step whose eval
+    gate ran, i.e. `gold_eval` is not NaN) when asked to or when the gate detector says stop, and charges
+    the ledger and Prometheus metrics if given (duck-typed: `infra.ledger.Ledger`,
+    `infra.metrics.PlatformMetrics`).
+
+        live = catalog.start(tenant="acme")
+        sup = RunSupervisor("run-1", "acme", live, gate_detector=make_detector("evalstop"))
+        sup.begin()
+        for record in train(...):
+            sup.observe(record)
+            if sup.machine.state is RunState.PAUSED_BY_GATE: break
+        sup.finish(completed=True)
+    """
+
+    def __init__(
+        self, run_id: str, tenant: str | None, monitor: Any, gate_detector: Any = None, ledger: Any = None,
+        metrics: Any = None, gpu_kind: str = "cpu", n_gpus: int = 1,
+    ):
+        from eval.states import RunStateMachine
+
+        self.machine = RunStateMachine(run_id, tenant)
+        self.monitor = monitor
+        self.gate_detector = gate_detector
+        self.gate_monitor = gate_detector.start() if gate_detector is not None else None
+        self.ledger, self.metrics = ledger, metrics
+        self.gpu_kind, self.n_gpus = gpu_kind, n_gpus
+        self.events: list[Any] = []
+        self.steps = 0
+        #: (paused at step, reason, resumed from checkpoint step) for every pause this run was resumed from
+        self.pauses: list[tuple[int | None, str, int]] = []
+
+    def _publish(self) -> None:
+        if self.metrics is not None:
+            self.metrics.set_state(self.machine.run_id, self.machine.tenant, self.machine.state.value)
+
+    def begin(self) -> None:
+        self.provision()
+        self.start()
+
+    def provision(self) -> None:
+        self.machine.provision()
+        self._publish()
+
+    def start(self) -> None:
+        self.machine.start()
+        self._publish()
+
+    def observe(self, record: Any, charge: bool = True) -> list[Any]:
+        """One committed step. Returns the alert events that fired at it. `charge=False`: a step replayed from an
+        earlier segment of the run that was charged then (the ledger and the step metrics skip it)."""
+        from eval.detectors import NAN, Checkpoint
+        from eval.health import HealthCheckpoint
+
+        run_id, tenant = self.machine.run_id, self.machine.tenant
+        self.steps += 1
+        if charge and self.ledger is not None:
+            self.ledger.charge_step(run_id, tenant, self.gpu_kind, record, n_gpus=self.n_gpus)
+        if charge and self.metrics is not None:
+            self.metrics.observe_step(run_id, tenant, record, n_gpus=self.n_gpus)
+        events = self.monitor.observe(HealthCheckpoint.from_step_record(record))
+        for ev in events:
+            self.events.append(ev)
+            self.machine.on_alert(ev)
+            if self.metrics is not None:
+                self.metrics.observe_alert(ev)
+        gold = float(record.gold_eval)
+        if gold == gold:  # a gate ran: this step is a checkpoint
+            stop = False
+            if self.gate_monitor is not None:
+                # the gate's SE and the proxy reward: what the noise-aware detectors scale and test with
+                stop = bool(self.gate_monitor.observe(Checkpoint(
+                    step=float(record.step), eval_score=gold, eval_se=float(getattr(record, "gold_eval_se", NAN)),
+                    reward=float(getattr(record, "reward_mean", NAN)))))
+            self.machine.on_checkpoint(int(record.step), gate_says_stop=stop)
+        self._publish()
+        return events
+
+    def pause(self, step: int, reason: str) -> RunStatus | None:
+        """A detector outside the supervisor (the platform scheduler's early-stop wrapper) says stop at checkpoint
+        `step`: the run pauses there like a gate verdict. No-op unless the run is RUNNING or DEGRADED."""
+        status = self.machine.on_checkpoint(int(step), gate_says_stop=True, gate_reason=reason)
+        self._publish()
+        return status
+
+    def resume_after_pause(self, paused_step: int | None, reason: str, from_step: int) -> RunStatus:
+        """Record that this run was paused at `paused_step` by `reason` and is resumed from the checkpoint at
+        `from_step` (the replay of the steps up to `from_step` has been observed): PAUSED_BY_GATE(reason), then
+        RUNNING. The gate detector starts afresh: it stops the run again only on evidence after the resume."""
+        if self.machine.state is not RunState.PAUSED_BY_GATE:
+            self.machine.transition(RunState.PAUSED_BY_GATE, reason, step=paused_step)
+        self.pauses.append((paused_step, reason, int(from_step)))
+        if self.gate_detector is not None:
+            self.gate_monitor = self.gate_detector.start()
+        self.machine.pending_pause = ""
+        status = self.machine.resume()
+        self._publish()
+        return status
+
+    def finish(
+        self, completed: bool = True, exception: BaseException | None = None, reward_errors: Any = None,
+        tenant_code: tuple[str, ...] = (), keep_paused: bool = False,
+    ) -> RunStatus:
+        """Attribute the run (eval.attribution) and move it to its terminal state. `keep_paused` (the live paths,
+        where a paused run can be resumed): a run the gate paused, with no fault, stays PAUSED_BY_GATE instead of
+        ending SUCCEEDED; its attribution says so."""
+        from eval.attribution import Attribution, RunEvidence, attribute
+
+        evidence = RunEvidence(completed=completed, exception=exception, reward_errors=reward_errors,
+                               alerts=self.machine.pages, tenant_code=tenant_code, pauses=tuple(self.pauses))
+        self.attribution = attribute(evidence)
+        if self.attribution.failure_class is None and self.machine.state is RunState.PAUSED_BY_GATE:
+            status = self.machine.status
+            if keep_paused:
+                self.attribution = Attribution(
+                    None, f"paused at step {status.step} by the eval gate ({status.reason}); the best checkpoint "
+                    "is kept; resume the run to continue from it", self.attribution.examples)
+                self._publish()
+                return status
+            self.attribution = Attribution(
+                None, f"stopped early at step {status.step} by the eval gate "
+                f"({status.reason}); the best checkpoint is kept", self.attribution.examples,
+            )
+        status = self.machine.finish(self.attribution, step=self.steps)
+        self._publish()
+        return status

@@ -1,0 +1,55 @@
+"""`rlhfops resume RUN_DIR`: continue a run the eval gate paused (PAUSED_BY_GATE) from its kept best checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from common.errors import BadInput
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("resume")
+    def resume_cmd(
+        run_dir: Path = typer.Argument(..., help="the paused job's run directory (runs/jobs/<tenant>/<name>, or "
+                                       "<platform out>/<tenant>/<name>)"),
+        detector: str = typer.Option(None, "--detector", help="eval-gate detector watching the continuation "
+                                     "(default: the job's own, else divergence)"),
+        steps: int = typer.Option(None, "--steps", help="total PPO steps (default: the job's config)"),
+        verbose: bool = typer.Option(False, "--verbose", help="show Prefect's own log lines"),
+    ) -> None:
+        """Resume a paused run: the `rlhf-job` flow with `resume_paused` on the run directory; the run continues from
+        the kept checkpoint's step, its state history, attribution and ledger record the pause and the resume."""
+        import json
+
+        import yaml
+
+        from training.lifecycle import JOB_DONE, paused_run
+
+        if not (run_dir / JOB_DONE).is_file():
+            raise BadInput(f"run_dir: {run_dir} holds no ended job ({JOB_DONE} missing); give a paused job's run "
+                           "directory")
+        if paused_run(run_dir) is None:
+            raise BadInput(f"run_dir: the job in {run_dir} is not paused by the eval gate with a kept checkpoint "
+                           f"({JOB_DONE} says {json.loads((run_dir / JOB_DONE).read_text()).get('state')!r})")
+        done = json.loads((run_dir / JOB_DONE).read_text())
+        config = yaml.safe_load((run_dir / "config.resolved.yaml").read_text(encoding="utf-8"))
+        from rlhfops.commands.flowrun import prefect_env, run_flow, start_prefect_api
+
+        prefect_env(verbose)
+        server = start_prefect_api()
+        from flows.rlhf_job import rlhf_job_internal
+        from infra import tracking as T
+        from rlhfops.console import make_console
+
+        console = make_console()
+        uri = T.init_store()
+        res = run_flow(console, rlhf_job_internal, "resume", server, config=config, tenant=done["tenant"],
+                       name=done["name"], overlap=done.get("overlap") or "full", steps=steps,
+                       detector=detector or done.get("detector") or "divergence", gpus=int(done.get("gpus") or 1),
+                       out_dir=str(run_dir), resume_paused=True)
+        console.print(f"{res['job']}: {res['state']} after {res['metrics']['steps']} steps "
+                      f"(resumed from step {res['resumed_from']['best_step']}); states: {' -> '.join(res['history'])}")
+        console.print(f"reason: {res['reason']}")
+        console.print(f"MLflow run {res['run_id']}: mlflow ui --backend-store-uri {uri}")

@@ -1,0 +1,371 @@
+"""One job's lifecycle, written once: take slots, start the worker, supervise every step, stop or pause at a
+checkpoint, score the checkpoints and keep the best, end the run state. Plain Python (no Prefect, no MLflow):
+the canaries (`training/canaries.py`), `flows/rlhf_job.py` and the platform round (`flows/platform_round.py`) all
+call `run_job`; what differs between them is injected.
+
+- `JobSpec`: what the job is (typed; replaces the flows' loose argument lists).
+- `JobHooks`: the platform's side effects, each a method with a plain in-process default: holding GPU slots,
+  starting the worker (a retried Prefect task on the platform), running the training loop (a Prefect task),
+  timing spans, logging step records (MLflow), a per-step callback (progress, the canaries' early proof), scoring
+  checkpoints. Tests pass a `JobHooks()` or a small subclass with in-memory lists.
+- The ledger and Prometheus metrics are charged by the supervisor (`eval/supervisor.py`), given to `run_job`
+  through `make_supervisor(spec, ledger=..., metrics=...)` or a supervisor the caller built.
+
+A stop is reversible on the live paths (`JobSpec.pausable`): a detector verdict leaves the run PAUSED_BY_GATE at a
+checkpoint with its best checkpoint kept; `paused_run(out_dir)` reads what the pause left and
+`JobSpec(resume=...)` continues from the kept checkpoint (`rewind_to` drops the later ones first).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: written into the run directory when a job has ended (any final state, PAUSED_BY_GATE included): a directory
+#: without it holds an interrupted job, which a resumed job continues; one with it is started over (or, if it holds
+#: a paused run and the job asks to resume it, continued from the kept checkpoint)
+JOB_DONE = "job.json"
+
+#: per-checkpoint observer: called at every step whose eval gate ran with (step, the step's flat metrics:
+#: `StepRecord.flat()`, e.g. `gold_eval`, `gold_eval_se`, `reward_mean`, `kl`, `loss_policy`); returns a stop
+#: reason (the job stops there) or None (it goes on)
+Observer = Callable[[int, Mapping[str, float]], "str | None"]
+
+
+@dataclass(frozen=True)
+class PausedRun:
+    """What a run the eval gate paused left behind: the step it paused at, the reason a tenant reads, the kept
+    (best) checkpoint's step it resumes from, and the run it was (MLflow run id)."""
+
+    run_id: str
+    paused_step: int | None
+    reason: str
+    best_step: int
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job. `config` is a validated `training.config.TrainConfig`; `out_dir` None trains without a run
+    directory (no checkpoints: nothing to score). `detector`: the eval-gate detector's name (None: no gate);
+    `alerts`/`alert_profile`: the alert catalog. `pausable`: a detector verdict pauses the run (PAUSED_BY_GATE,
+    resumable) instead of ending it SUCCEEDED. `resume`: continue the paused run from its kept checkpoint."""
+
+    tenant: str
+    name: str
+    config: Any
+    run_id: str = ""
+    out_dir: Path | None = None
+    overlap: str = "full"
+    gpus: int = 1
+    gpu_kind: str = "cpu"
+    detector: str | None = None
+    alerts: str | None = None
+    alert_profile: str | None = None
+    pausable: bool = False
+    resume: PausedRun | None = None
+    #: train on past a pause (the fault canaries: they run until their expected alert fires, the proof they want)
+    run_through_pause: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
+            raise ValueError(f"gpus: {self.gpus!r} must be a whole number of GPU slots >= 1")
+        if self.out_dir is not None and not isinstance(self.out_dir, Path):
+            object.__setattr__(self, "out_dir", Path(self.out_dir))
+
+    @property
+    def job(self) -> str:
+        return f"{self.tenant}/{self.name}"
+
+    @property
+    def steps(self) -> int:
+        return int(self.config.steps)
+
+
+@dataclass
+class TrainingResult:
+    """How the training loop ended: `completed`, `paused` by the supervisor, `stopped` (an observer or the per-step
+    hook gave `stop_reason`), `failed` (`error`)."""
+
+    decision: str
+    error: BaseException | None = None
+    records: list[dict] = field(default_factory=list)
+    wall_s: float = 0.0
+    stop_reason: str = ""
+
+
+@dataclass
+class JobOutcome:
+    """What `run_job` returns: the run's state and attribution (`supervisor`), the records (replayed ones first),
+    the checkpoints' scores, the best one, and the times the job held its slots."""
+
+    spec: JobSpec
+    supervisor: Any
+    status: Any
+    decision: str
+    error: BaseException | None
+    records: list[dict]
+    scores: list[dict]
+    best: dict | None
+    train_wall_s: float
+    slot_wait_s: float
+    slot_start: float
+    slot_end: float
+    stop_reason: str = ""
+    replayed: int = 0
+
+
+class JobHooks:
+    """The platform's side effects around one job; every default is plain and in-process."""
+
+    #: step records are handed to `log_records` in batches of this many
+    flush_every = 25
+
+    def hold_slots(self, spec: JobSpec) -> AbstractContextManager[float]:
+        """Hold the job's GPU slots while it trains; yields the seconds waited."""
+        return nullcontext(0.0)
+
+    def start_worker(self, spec: JobSpec) -> Any:
+        """The training worker (resumes from the newest checkpoint in the run directory)."""
+        from training.trainer import Trainer
+
+        return Trainer(spec.config, spec.overlap, spec.out_dir, resume=True)
+
+    def supervise(self, spec: JobSpec, loop: Callable[[], TrainingResult]) -> TrainingResult:
+        """Run the training loop (the platform runs it as a task)."""
+        return loop()
+
+    def span(self, kind: str) -> AbstractContextManager[Any]:
+        """Time a stretch of `work` or `tracking` (the nightly's overhead accounting)."""
+        return nullcontext()
+
+    def log_records(self, records: list[dict]) -> None:
+        """A batch of step records (flat dicts) to the tracking store."""
+
+    def on_step(self, record: Any, supervisor: Any) -> str | None:
+        """After every step: progress; return a reason to stop the job here."""
+        return None
+
+    def score(self, spec: JobSpec, checkpoints: list[str]) -> list[dict[str, Any]]:
+        """Held-out (gold) score of each saved checkpoint."""
+        from training.trainer import gold_eval
+
+        out = []
+        for ckpt in checkpoints:
+            g = gold_eval(ckpt)
+            out.append({"checkpoint": ckpt, "step": step_of(ckpt), "eval_score": g.mean, "eval_se": g.se, "n": g.n,
+                        "unparseable_rate": g.unparseable_rate})
+        return out
+
+
+def step_of(checkpoint: str | Path) -> int:
+    """The step in a `checkpoints/step-NNNNNN` name (-1 for other names, e.g. a registry download)."""
+    m = re.fullmatch(r"step-(\d+)", Path(checkpoint).name)
+    return int(m.group(1)) if m else -1
+
+
+def best_of(scores: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Highest held-out score; ties go to the earlier checkpoint (less optimisation pressure)."""
+    finite = [s for s in scores if math.isfinite(s["eval_score"])]
+    if not finite:
+        return None
+    return max(finite, key=lambda s: (s["eval_score"], -s["step"]))
+
+
+def checkpoints(out_dir: Path | None) -> list[str]:
+    return [str(p) for p in sorted((out_dir / "checkpoints").glob("step-*"))] if out_dir else []
+
+
+def make_supervisor(spec: JobSpec, ledger: Any = None, metrics: Any = None, run_id: str | None = None):
+    """The job's `eval.supervisor.RunSupervisor`: the alert catalog (`spec.alerts`, `spec.alert_profile`), the gate
+    detector (`spec.detector`), the ledger and metrics to charge."""
+    from eval.detectors import make_detector
+    from eval.health import Catalog
+    from eval.supervisor import RunSupervisor
+
+    catalog = Catalog.from_file(spec.alerts, algorithm="ppo", profile=spec.alert_profile)
+    gate = make_detector(spec.detector) if spec.detector else None
+    return RunSupervisor(run_id or spec.run_id or spec.job, spec.tenant, catalog.start(tenant=spec.tenant),
+                         gate_detector=gate, ledger=ledger, metrics=metrics, gpu_kind=spec.gpu_kind, n_gpus=spec.gpus)
+
+
+def read_history(out_dir: str | Path, upto_step: int) -> list[Any]:
+    """Steps 1..`upto_step` of a run, read back from its `metrics.csv` as `StepRecord`s in step order."""
+    import csv
+    from dataclasses import fields
+
+    from training.metrics import PHASES, StepRecord
+
+    path = Path(out_dir) / "metrics.csv"
+    if upto_step < 1 or not path.is_file():
+        return []
+    with path.open() as f:
+        rows = [r for r in csv.DictReader(f) if r.get("step") and int(r["step"]) <= upto_step]
+    out = []
+    for row in sorted(rows, key=lambda r: int(r["step"])):
+        kw: dict[str, Any] = {}
+        for fld in fields(StepRecord):
+            text = row.get(fld.name, "")
+            if fld.name == "phase_seconds" or text in ("", None):
+                continue
+            kw[fld.name] = int(float(text)) if fld.type in ("int", int) else float(text)
+        kw["phase_seconds"] = {n: float(row.get(f"phase_{n}_s") or 0.0) for n in PHASES}
+        out.append(StepRecord(**kw))
+    return out
+
+
+def replay(records: list[Any], supervisor: Any, charge: bool = True) -> list[dict]:
+    """Feed a resumed job's earlier steps to the supervisor in order, so its verdict (alerts, run state, eval gate)
+    covers the whole run: a job whose KL alert fired before a crash must not register its checkpoint after the
+    retry. `charge=False`: the steps were charged by the segment that ran them (a paused run being resumed)."""
+    from eval.states import RunState
+
+    out = []
+    for rec in records:
+        if charge:
+            supervisor.observe(rec)
+        else:
+            supervisor.observe(rec, charge=False)
+        out.append(rec.flat())
+        if supervisor.machine.state is RunState.PAUSED_BY_GATE:
+            break
+    return out
+
+
+def supervise(trainer: Any, supervisor: Any, steps: int | None, hooks: JobHooks | None = None,
+              observe: Observer | None = None, pausable: bool = False,
+              run_through_pause: bool = False) -> TrainingResult:
+    """The training loop: every step goes to the supervisor, then `hooks.on_step`, then (at checkpoints)
+    `observe`; a stop reason from either ends the job there (`stopped`; on a `pausable` job the run pauses at that
+    checkpoint), a supervisor pause ends it `paused`, an error `failed`. Step records go to `hooks.log_records`."""
+    from eval.states import RunState
+
+    hooks = hooks or JobHooks()
+    records: list[dict] = []
+    pending: list[dict] = []
+    result = TrainingResult("completed")
+    t0 = time.time()
+    run = trainer.run(steps)
+    while True:
+        try:
+            with hooks.span("work"):
+                rec = next(run, None)
+                if rec is None:
+                    break
+                supervisor.observe(rec)
+        except Exception as err:  # a training error ends the run; attribution decides whose fault it is
+            result.decision, result.error = "failed", err
+            break
+        flat = rec.flat()
+        records.append(flat)
+        pending.append(flat)
+        reason = hooks.on_step(rec, supervisor)
+        paused = supervisor.machine.state is RunState.PAUSED_BY_GATE
+        if not reason and observe is not None and not paused and math.isfinite(float(rec.gold_eval)):
+            reason = observe(int(rec.step), flat)
+        if reason:
+            result.decision, result.stop_reason = "stopped", str(reason)
+            if pausable:
+                supervisor.pause(int(rec.step), str(reason))
+            break
+        if len(pending) >= hooks.flush_every:
+            hooks.log_records(pending)
+            pending = []
+        if paused and not run_through_pause:
+            result.decision = "paused"
+            result.stop_reason = supervisor.machine.status.reason
+            break
+    run.close()
+    if pending:
+        hooks.log_records(pending)
+    result.records, result.wall_s = records, time.time() - t0
+    return result
+
+
+def run_job(spec: JobSpec, observe: Observer | None = None, *, hooks: JobHooks | None = None,
+            supervisor: Any = None) -> JobOutcome:
+    """Run one job through its whole lifecycle and return its outcome. THE SEAM for anything that runs a job and
+    wants a say at its checkpoints (a sweep trial's pruner, the platform scheduler's early-stop wrapper):
+
+        outcome = run_job(spec, observe=lambda step, metrics: "pruned" if bad(metrics) else None)
+
+    `observe(step, metrics) -> stop reason | None` is called at every checkpoint (a step whose eval gate ran;
+    `metrics` is the step's `StepRecord.flat()`); a reason stops the job there (decision `stopped`, the reason in
+    `outcome.stop_reason`; a `pausable` job pauses at that checkpoint, resumable). The job's scores and best
+    checkpoint are in the outcome whichever way it ended. `hooks` carries the platform's side effects (default:
+    none, in-process); `supervisor` a caller-built `RunSupervisor` (default `make_supervisor(spec)`: no ledger).
+
+    Order: provision -> hold slots (start worker, RUNNING, replay a resumed job's earlier steps, train) -> release
+    slots -> score checkpoints -> attribute and end the run state. A worker that cannot start raises (after the
+    hook's own retries) with the run left PROVISIONING for the caller to fail."""
+    hooks = hooks or JobHooks()
+    sup = supervisor if supervisor is not None else make_supervisor(spec)
+    sup.provision()
+    with hooks.hold_slots(spec) as waited:
+        slot_start = time.time()
+        trainer = hooks.start_worker(spec)
+        sup.start()
+        history = read_history(spec.out_dir, trainer.step) if spec.out_dir else []
+        # a paused run's earlier steps were charged by the segment that ran them; an interrupted run's were lost
+        # with the process that ran them and are charged again here, once
+        replayed = replay(history, sup, charge=spec.resume is None)
+        if replayed:
+            with hooks.span("tracking"):
+                hooks.log_records(replayed)
+        if spec.resume is not None:
+            sup.resume_after_pause(spec.resume.paused_step, spec.resume.reason, trainer.step)
+        from eval.states import RunState
+
+        if sup.machine.state is RunState.PAUSED_BY_GATE:
+            result = TrainingResult("paused", stop_reason=sup.machine.status.reason)
+        else:
+            result = hooks.supervise(spec, lambda: supervise(trainer, sup, spec.steps, hooks, observe, spec.pausable,
+                                                          spec.run_through_pause))
+        slot_end = time.time()
+    scores = hooks.score(spec, checkpoints(spec.out_dir)) if spec.out_dir else []
+    status = sup.finish(completed=result.decision != "failed", exception=result.error, keep_paused=spec.pausable)
+    return JobOutcome(spec, sup, status, result.decision, result.error, replayed + result.records, scores,
+                      best_of(scores), result.wall_s, float(waited or 0.0), slot_start, slot_end, result.stop_reason,
+                      len(replayed))
+
+
+# ---------------------------------------------------------------------------------------------- pause and resume
+def paused_run(out_dir: str | Path) -> PausedRun | None:
+    """The paused run `out_dir` holds (its `job.json` says PAUSED_BY_GATE), or None."""
+    path = Path(out_dir) / JOB_DONE
+    if not path.is_file():
+        return None
+    done = json.loads(path.read_text())
+    if not str(done.get("state", "")).startswith("PAUSED_BY_GATE") or done.get("best_step") is None:
+        return None
+    return PausedRun(run_id=str(done.get("run_id", "")), paused_step=done.get("paused_step"),
+                     reason=str(done.get("reason", "")), best_step=int(done["best_step"]))
+
+
+def rewind_to(out_dir: str | Path, step: int) -> list[str]:
+    """Drop the checkpoints after `step` (the kept one), so the worker resumes from it; returns what was dropped.
+    The trainer keeps `metrics.csv` rows up to the checkpoint it resumes from."""
+    dropped = []
+    for ckpt in checkpoints(Path(out_dir)):
+        if step_of(ckpt) > step:
+            shutil.rmtree(ckpt)
+            dropped.append(ckpt)
+    return dropped
+
+
+def job_record(outcome: JobOutcome) -> dict[str, Any]:
+    """The `job.json` a job leaves in its run directory when it ends: its run and state; for a paused run also the
+    step it paused at, the reason, and the kept checkpoint's step (what `paused_run` reads back)."""
+    status = outcome.status
+    out: dict[str, Any] = {"run_id": outcome.supervisor.machine.run_id, "state": status.label}
+    if status.state.value == "PAUSED_BY_GATE":
+        out.update(paused_step=status.step, reason=status.reason,
+                   best_step=outcome.best["step"] if outcome.best else None)
+    return out
