@@ -57,10 +57,10 @@ def parse_seeds(text: str | None) -> list[int] | None:
 def run_experiment(exp: str, seeds: list[int] | None, jobs: int | None, gpus: int | None,
                    overrides: list[str], out: Path | None, console: Console, workers: int | None = None):
     """Validate everything, run with a progress bar, write summary.csv / jobs.csv / per_seed.csv / plots."""
+    from common.config import parse_overrides
     from scheduling.experiments import (
         aggregate,
         load_experiment,
-        parse_overrides,
         run_units,
         scale,
         units_for,
