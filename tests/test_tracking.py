@@ -207,7 +207,7 @@ def test_ray_runner_without_the_extra_is_a_one_line_bad_input():
     except ImportError:
         with pytest.raises(BadInput, match=r"pip install '\.\[ray\]'"):
             check_runner("ray")
-    with pytest.raises(BadInput, match="--runner"):
+    with pytest.raises(BadInput, match="^runner: 'dask'"):
         check_runner("dask")
     assert check_runner("thread") == "thread"
 
