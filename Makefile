@@ -25,6 +25,7 @@ demo: install
 
 test: install
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -n 2
 
 # Mutation testing of the PPO math, the streaming scorer, the detectors and the ledger against their fast
