@@ -15,7 +15,7 @@ from rich.table import Table
 
 from rlhfops.console import make_console
 
-BENCH_MODULES: list[str] = ["bench_health", "bench_oppo"]
+BENCH_MODULES: list[str] = ["bench_health", "bench_oppo", "bench_cli"]
 
 bench_app = typer.Typer(help="Benchmarks; each writes a JSON with every figure measured.", no_args_is_help=True)
 
