@@ -266,6 +266,6 @@ def test_nightly_command_rejects_bad_arguments_before_starting_anything():
     from rlhfops.cli import app
 
     for args, needle in ((["--seeds", "4x"], "--seeds"), (["--fail-rate", "1.5"], "--fail-rate"),
-                         (["--runner", "dask"], "--runner")):
+                         (["--runner", "dask"], "runner: 'dask'")):
         res = CliRunner().invoke(app, ["nightly", *args])
         assert isinstance(res.exception, BadInput) and needle in str(res.exception), args
