@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-from scipy import stats
 
 NAN = float("nan")
 
@@ -426,6 +425,8 @@ class _BocpdMonitor(Monitor):
         return mean, kappa, alpha, beta
 
     def observe(self, cp: Checkpoint) -> bool:
+        from scipy import stats  # here, not at import: scipy.stats takes ~1 s to import, only bocpd needs it
+
         if cp.eval_score != cp.eval_score:
             return False
         self.noise.add(cp)
