@@ -13,7 +13,7 @@ The YAML reading and the dotted-override semantics live in `common/validate.py` 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,11 +51,13 @@ def config_path(path: str | Path) -> Path:
 
 
 def load_config(model: type[Model], source: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] | None = None,
-                *, field: str = "config", defaults: Mapping[str, Any] | None = None) -> Model:
+                *, field: str = "config", defaults: Mapping[str, Any] | None = None,
+                check: Callable[[dict, str], None] | None = None) -> Model:
     """A validated `model` from a YAML file (or a mapping already read) plus dotted `overrides`
     ({"ppo.kl_coef": 0.01}). `field` names what the file is for in errors (`config`, `experiment`, `prices`);
-    `defaults` fill top-level keys the file leaves out (e.g. a job's name from the file name). Errors are one
-    line naming the file (or the override) and the field; nothing is built or written."""
+    `defaults` fill top-level keys the file leaves out (e.g. a job's name from the file name); `check(raw,
+    source)` inspects the raw tree before validation (e.g. `check_finite_tree`). Errors are one line naming the
+    file (or the override) and the field; nothing is built or written."""
     if isinstance(source, Mapping):
         raw, label = copy.deepcopy(dict(source)), field
     else:
@@ -63,6 +65,8 @@ def load_config(model: type[Model], source: str | Path | Mapping[str, Any], over
         raw, label = read_yaml_mapping(path, field), str(path)
     for key, value in (defaults or {}).items():
         raw.setdefault(key, value)
+    if check is not None:
+        check(raw, label)
     return validate_with_overrides(model, raw, dict(overrides or {}), label)
 
 

@@ -46,6 +46,10 @@ def test_load_config_applies_overrides_and_defaults(tmp_path):
     raw = {"name": "m", "inner": {"lr": 0.1}}
     assert load_config(Outer, raw, {"inner.lr": 0.2}).inner.lr == 0.2
     assert raw == {"name": "m", "inner": {"lr": 0.1}}
+    # a check sees the raw tree and the source before validation
+    seen = []
+    load_config(Outer, f, check=lambda tree, source: seen.append((tree, source)))
+    assert seen == [({"name": "given"}, str(f))]
 
 
 def test_load_config_errors_name_the_file_or_the_override_and_the_field(tmp_path):
