@@ -1,4 +1,4 @@
-"""Early-stop detectors: one interface for every time-series detector.
+"""Early-stop detectors, on one interface for every time-series detector (eval/detector_base.py).
 
 A detector reads one run's checkpoint series, one checkpoint at a time, and answers
 "stop now" or "continue". The same objects serve the discrete-event simulator (through the
@@ -17,100 +17,16 @@ simulator drives millions of them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
-NAN = float("nan")
-
-
-@dataclass(slots=True)
-class Checkpoint:
-    """What a detector may see of one checkpoint of a run: world feedback and training proxies.
-
-    `progress` is the trainer's own step fraction (steps done / steps planned), NaN when unknown.
-    Optional signals are NaN when the run does not report them. `eval_se` is the standard error the
-    eval gate reports with its score; noise-aware detectors scale their thresholds with it.
-    """
-
-    step: float
-    eval_score: float
-    progress: float = NAN
-    loss: float = NAN
-    reward: float = NAN
-    kl: float = NAN
-    entropy: float = NAN
-    grad_norm: float = NAN
-    response_len: float = NAN
-    eval_se: float = NAN  # the gate's standard error of eval_score (NaN: unknown)
-
-
-class Monitor:
-    """Per-run detector state. `observe` returns True when the run should stop at this checkpoint."""
-
-    __slots__ = ()
-
-    def observe(self, cp: Checkpoint) -> bool:  # pragma: no cover - interface
-        raise NotImplementedError
-
-
-class Detector:
-    """A detector family with fixed parameters; `start()` makes the state for one run."""
-
-    name: ClassVar[str]
-    #: which input field the detector needs besides `eval_score` (checked before replaying traces)
-    needs: ClassVar[tuple[str, ...]] = ()
-    #: the parameter that sets how much evidence a stop needs (larger: fewer stops); what
-    #: `rlhfops detect --calibrate` fits to a target false-stop rate. None: not calibratable.
-    threshold: ClassVar[str | None] = None
-    #: the threshold that applies to runs without a gate SE, where it differs (else `threshold`)
-    threshold_own: ClassVar[str | None] = None
-
-    def start(self) -> Monitor:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    #: display name in result tables
-    title: ClassVar[str] = ""
-
-    @property
-    def label(self) -> str:
-        """Name used in result tables: the title, plus any parameter that differs from its default
-        (`EvalStop`, `EvalStop(k=3)`, `CUSUM(h=2)`), so differently tuned detectors never share a row."""
-        import inspect
-
-        defaults = {k: v.default for k, v in inspect.signature(type(self).__init__).parameters.items()
-                    if v.default is not inspect.Parameter.empty}
-        changed = [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                   for k, v in self.params().items() if k in defaults and defaults[k] != v]
-        title = self.title or self.name
-        return f"{title}({','.join(changed)})" if changed else title
-
-    def params(self) -> dict[str, Any]:
-        return {}
-
-    def scan(self, series: dict[str, np.ndarray]) -> np.ndarray:
-        """Batch form over many runs: `series` maps Checkpoint field names to (runs, checkpoints)
-        arrays (NaN where absent). Returns, per run, the index of the first checkpoint where the
-        detector fires, or -1. This default replays monitors; detectors that must be fast over
-        fleets (the health catalog) override it with a vectorised version that gives the same answer.
-        """
-        names = [f.name for f in fields(Checkpoint) if f.name in series]
-        n_runs, n_steps = next(iter(series.values())).shape
-        # Python floats once per array: indexing numpy element by element costs more than the monitors
-        rows = {name: np.asarray(series[name], dtype=float).tolist() for name in names}
-        out = np.full(n_runs, -1, dtype=np.int64)
-        for r in range(n_runs):
-            monitor = self.start()
-            for t in range(n_steps):
-                values = {name: rows[name][r][t] for name in names}
-                values.setdefault("step", float(t))
-                values.setdefault("eval_score", NAN)
-                if monitor.observe(Checkpoint(**values)):
-                    out[r] = t
-                    break
-        return out
+# The interface (eval/detector_base.py) and the run-noise estimate (eval/noise.py) live in their own modules;
+# they are imported here under the names callers use (`from eval.detectors import Checkpoint, MIN_DIFFS`).
+from eval.detector_base import NAN, Checkpoint, Detector, Monitor
+from eval.noise import MIN_DIFFS as MIN_DIFFS
+from eval.noise import RunNoise, _multiplicity, _normalised_change, _slope, _sxx, robust_diff_sigma
 
 
 # --------------------------------------------------------------------------- EvalStop
@@ -254,69 +170,8 @@ class LossPlateau(Detector):
 # Every threshold below is in units of the run's own eval noise, estimated online from the run itself
 # (`RunNoise`): the gate's standard error while the run is short, then its own estimate. Nothing assumes a scale:
 # an affine change of the metric's units (a * eval + b, a > 0; the gate's SE scales with it) leaves every
-# verdict unchanged. A run that reports no SE is not judged until its own estimate exists.
-
-#: second differences a run needs before it is judged on its own noise estimate (8 checkpoints): the
-#: simulator's 7-checkpoint jobs, like any short gated run, are judged on their gate's SE throughout
-MIN_DIFFS = 6
-_MAD_TO_SD = 1.482602218505602  # 1 / Phi^-1(3/4): MAD of a normal sample -> its standard deviation
-_MEANABS_TO_SD = math.sqrt(math.pi / 2.0)
-
-
-def robust_diff_sigma(evals: list[float]) -> float:
-    """The noise of one eval, from a run's series: the MAD of second differences / sqrt(6) (a second
-    difference e[t+1] - 2 e[t] + e[t-1] cancels a locally linear trend and carries 6 times an eval's variance;
-    the median ignores the few large values at a peak or a change of slope). First differences would count a
-    rise-then-fall curve's trend as noise. Quantised scores (pass@1 over few problems, 1-5 judges) can make
-    more than half the values equal, so a zero MAD falls back to the mean absolute deviation.
-    NaN with fewer than 3 evals."""
-    if len(evals) < 3:
-        return NAN
-    d2 = np.diff(np.asarray(evals, dtype=float), n=2)
-    dev = np.abs(d2 - np.median(d2))
-    mad = float(np.median(dev))
-    sd = _MAD_TO_SD * mad if mad > 0.0 else _MEANABS_TO_SD * float(dev.mean())
-    return sd / math.sqrt(6.0)
-
-
-class RunNoise:
-    """Online noise estimate of one run. A short run leans on its gate: while it has fewer than MIN_DIFFS
-    second differences its noise is the gate's SE (NaN without one: not judged yet). A longer run is judged on
-    what it shows: its own robust estimate, floored by the gate's SE where there is one (a run's checkpoints
-    can look smoother than the gate can measure, e.g. while early training barely moves the model, and a
-    stop on such "precision" would be a stop on the gate's sampling noise). `from_gate` says which of the
-    two is in use, so a detector can hold the own estimate (noisier, blind to autocorrelation) to its own,
-    separately calibrated bar."""
-
-    __slots__ = ("evals", "se", "from_gate")
-
-    def __init__(self) -> None:
-        self.evals: list[float] = []
-        self.se = NAN
-        self.from_gate = False
-
-    def add(self, cp: Checkpoint) -> None:
-        """Record a checkpoint whose eval is not NaN."""
-        self.evals.append(cp.eval_score)
-        se = cp.eval_se
-        if se == se and se > 0.0:
-            self.se = se
-
-    def sigma(self) -> float:
-        se = self.se
-        if len(self.evals) - 2 < MIN_DIFFS:
-            self.from_gate = se == se
-            return se
-        self.from_gate = False
-        own = robust_diff_sigma(self.evals)
-        return max(own, se) if se == se else own
-
-
-def _normalised_change(evals: list[float], sigma: float) -> float:
-    """Last eval change in units of the noise of a difference of two evals (sqrt(2) sigma)."""
-    if len(evals) < 2 or not sigma > 0.0:
-        return NAN
-    return (evals[-1] - evals[-2]) / (sigma * math.sqrt(2.0))
+# verdict unchanged. A run that reports no SE is not judged until its own estimate exists. The estimate and the
+# slope helpers are in eval/noise.py.
 
 
 class _PatienceMonitor(Monitor):
@@ -473,29 +328,6 @@ class Bocpd(Detector):
 
     def params(self) -> dict[str, Any]:
         return {"hazard": self.hazard, "level": self.level, "min_drop": self.min_drop}
-
-
-def _slope(y: list[float]) -> float:
-    n = len(y)
-    xm = (n - 1) / 2.0
-    ym = sum(y) / n
-    num = sum((i - xm) * (v - ym) for i, v in enumerate(y))
-    den = sum((i - xm) ** 2 for i in range(n))
-    return num / den
-
-
-def _multiplicity(j: int) -> float:
-    """How much the bar of a run's j-th test of one window is raised: 1 for the first, then
-    sqrt(1 + 2 * MULTIPLICITY * ln j)."""
-    return math.sqrt(1.0 + 2.0 * MULTIPLICITY * math.log(j)) if j > 1 else 1.0
-
-
-#: strength of the multiplicity correction (0: none, 1: grows like the maximum of j independent normals)
-MULTIPLICITY = 1.0
-
-
-def _sxx(w: int) -> float:
-    return sum((i - (w - 1) / 2.0) ** 2 for i in range(w))
 
 
 class _DivergenceMonitor(Monitor):
@@ -655,12 +487,16 @@ class Divergence(Detector):
                 "z_decline": self.z_decline}
 
 
-DETECTORS: dict[str, type[Detector]] = {
-    cls.name: cls for cls in (EvalStop, StopAt, LossPlateau, MinDeltaPatience, Cusum, Bocpd, Divergence)
-}
-#: the early-stop detectors an eval gate can run; `DETECTORS` also gains the run-health alerts once
-#: `eval.health` is imported, so choices offered to users are read from this fixed tuple instead
-EARLY_STOP_DETECTORS: tuple[str, ...] = tuple(DETECTORS)
+def __getattr__(name: str) -> Any:
+    """`DETECTORS` and `EARLY_STOP_DETECTORS`, kept for existing imports: both are the early-stop detectors of
+    eval/registry.py (`EARLY_STOP_DETECTORS`), which lists every detector and alert by name. The registry
+    imports this module's classes, so it is looked up when asked for, never copied or extended here."""
+    if name in ("DETECTORS", "EARLY_STOP_DETECTORS"):
+        from eval.registry import EARLY_STOP_DETECTORS
+
+        return EARLY_STOP_DETECTORS
+    raise AttributeError(f"module 'eval.detectors' has no attribute '{name}'")
+
 
 #: The detector `rlhfops detect` and the live platform use when none is named. Its thresholds are not the
 #: class defaults: they come from configs/detectors.yaml, calibrated to a stated false-stop rate on healthy
@@ -684,13 +520,13 @@ def calibrated_params(name: str, config: Path | None = None) -> dict[str, Any]:
 
 
 def make_detector(name: str, config: Path | None = None, **params: Any) -> Detector:
-    """Build a detector by registry name: its class defaults, overridden by its calibrated thresholds in
-    configs/detectors.yaml (or `config`), overridden by `params`. Unknown names and parameters raise
-    ValueError naming them."""
+    """Build a detector by its name in eval/registry.py (an early-stop detector or a run-health alert): its class
+    defaults, overridden by its calibrated thresholds in configs/detectors.yaml (or `config`), overridden by
+    `params`. Unknown names and parameters raise ValueError naming them."""
+    from eval.registry import detector_class  # the registry imports this module: look up at call time
+
     key = name.lower()
-    if key not in DETECTORS:
-        raise ValueError(f"unknown detector '{name}' (choose from: {', '.join(sorted(DETECTORS))})")
-    cls = DETECTORS[key]
+    cls = detector_class(name)
     merged = {**calibrated_params(key, config), **params}
     try:
         return cls(**merged)

@@ -12,7 +12,7 @@ from typing import Literal
 
 #: training.trainer.OVERLAPS
 Overlap = Literal["none", "intra", "inter", "full"]
-#: eval.detectors.EARLY_STOP_DETECTORS
+#: eval.registry.EARLY_STOP_DETECTORS
 DetectorName = Literal["divergence", "evalstop", "stopat", "lossplateau", "patience", "cusum", "bocpd"]
 #: scheduling.experiments.EXPERIMENTS
 ExperimentName = Literal["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E8"]

@@ -53,7 +53,7 @@ def test_the_form_describes_every_field_and_hides_internal_knobs(deployment):
 
 
 def test_choices_match_the_domain_registries():
-    from eval.detectors import EARLY_STOP_DETECTORS
+    from eval.registry import EARLY_STOP_DETECTORS
     from infra.provision import RUNNERS
     from rlhfops.commands.canary import CANARIES
     from scheduling.experiments import EXPERIMENTS

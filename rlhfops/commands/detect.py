@@ -75,8 +75,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Replay every run of a trace through a detector; write verdicts; print useful recall, false-stop rate,
         quality kept and precision/recall/FPR if labelled. With --calibrate, recalibrate instead."""
-        import eval.health  # noqa: F401 - registers the run-health alerts as detectors too
-        from eval.detectors import DEFAULT_DETECTOR, make_detector
+        from eval.detectors import DEFAULT_DETECTOR, make_detector  # any name in eval.registry.DETECTORS
         from eval.traces import check_columns, detection_quality, load_trace, runs_from_trace, verdicts
 
         if trace is None and calibrate is None:

@@ -77,7 +77,8 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from common.validate import check_out_file
-        from eval.health import ALERTS, Catalog, load_alerts_config, replay_alert
+        from eval.health import Catalog, load_alerts_config, replay_alert
+        from eval.registry import ALERTS
         from eval.traces import load_trace
         from rlhfops.console import make_console
 

@@ -1,0 +1,117 @@
+"""The alert thresholds file (configs/alerts.yaml): its pydantic schema and its loader, which checks every
+field and builds every configured alert (each algorithm's and each profile's parameters too) before anything
+runs, so a bad file is one line naming the field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from common.errors import BadInput, describe_validation_error
+from eval.health.base import HealthAlert
+from eval.registry import ALERTS
+
+Severity = Literal["paging", "advisory"]
+DEFAULT_ALERTS_FILE = Path(__file__).resolve().parents[2] / "configs" / "alerts.yaml"
+
+ParamValue = float | int | bool | None
+
+
+class Demote(BaseModel):
+    """Route an alert as advisory instead of paging for these algorithms or tenants (while retuning)."""
+
+    model_config = ConfigDict(extra="forbid")
+    algorithms: list[str] = Field(default_factory=list)
+    tenants: list[str] = Field(default_factory=list)
+
+
+class FalsePositiveRecord(BaseModel):
+    """The alert's measured false-positive rate: fraction of healthy runs on which it fired."""
+
+    model_config = ConfigDict(extra="forbid")
+    rate: float = Field(ge=0, le=1)
+    healthy_runs: int = Field(ge=1)
+    measured_by: str
+
+
+class AlertConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    severity: Severity = "paging"
+    #: what a firing paging alert does to the customer-facing run state
+    action: Literal["degrade", "pause"] = "degrade"
+    params: dict[str, ParamValue] = Field(default_factory=dict)
+    #: per-algorithm parameter overrides (e.g. a KL ceiling per algorithm)
+    params_by_algorithm: dict[str, dict[str, ParamValue]] = Field(default_factory=dict)
+    demote: Demote = Field(default_factory=Demote)
+    false_positive_rate: FalsePositiveRecord | None = None
+
+
+class AlertsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int = Field(ge=1)
+    changelog: list[str] = Field(default_factory=list)
+    alerts: dict[str, AlertConfig]
+    #: named parameter overlays, e.g. `canary`: shorter windows for the short fault-injection runs
+    profiles: dict[str, dict[str, dict[str, ParamValue]]] = Field(default_factory=dict)
+
+
+def _build_alert(
+    name: str, cfg: AlertConfig, algorithm: str | None, source: str, overlay: dict | None = None,
+    overlay_where: str = "",
+) -> HealthAlert:
+    cls = ALERTS[name]
+    params = dict(cfg.params)
+    where = f"alerts.{name}.params"
+    if algorithm is not None and algorithm in cfg.params_by_algorithm:
+        params.update(cfg.params_by_algorithm[algorithm])
+        where = f"alerts.{name}.params_by_algorithm.{algorithm}"
+    if overlay:
+        params.update(overlay)
+        where = overlay_where
+    import inspect
+
+    allowed = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    for key in params:
+        if key not in allowed:
+            raise BadInput(
+                f"{source}: field '{where}.{key}': unknown parameter (expected one of: {', '.join(allowed)})"
+            )
+    try:
+        return cls(**params)
+    except (ValueError, TypeError) as err:
+        raise BadInput(f"{source}: field '{where}': {err}") from None
+
+
+def load_alerts_config(path: str | Path | None = None) -> AlertsConfig:
+    """Read and validate the thresholds file; any problem is a one-line BadInput naming the field."""
+    path = Path(path) if path is not None else DEFAULT_ALERTS_FILE
+    source = str(path)
+    if not path.is_file():
+        raise BadInput(f"--alerts: file '{path}' not found (pass a thresholds YAML like configs/alerts.yaml)")
+    from common.validate import check_finite_tree, read_yaml_mapping
+
+    raw = read_yaml_mapping(path, "alerts")  # UTF-8, valid YAML, a mapping
+    # .nan/.inf or astronomic thresholds would silence an alert (or fire it always)
+    check_finite_tree(raw, source, max_abs=1e12)
+    try:
+        cfg = AlertsConfig.model_validate(raw)
+    except ValidationError as err:
+        raise BadInput(describe_validation_error(err, source=source)) from None
+    for name in cfg.alerts:
+        if name not in ALERTS:
+            choices = ", ".join(ALERTS)
+            raise BadInput(f"{source}: field 'alerts.{name}': unknown alert (choose from: {choices})")
+    for name, acfg in cfg.alerts.items():
+        _build_alert(name, acfg, None, source)
+        for algo in acfg.params_by_algorithm:
+            _build_alert(name, acfg, algo, source)
+    for profile, overlays in cfg.profiles.items():
+        for name, overlay in overlays.items():
+            where = f"profiles.{profile}.{name}"
+            if name not in cfg.alerts:
+                raise BadInput(f"{source}: field '{where}': unknown or unconfigured alert")
+            _build_alert(name, cfg.alerts[name], None, source, overlay, where)
+    return cfg
