@@ -90,10 +90,9 @@ def test_configs_paths_resolve_from_any_directory(tmp_path, monkeypatch):
 
 def test_every_loader_goes_through_common_config():
     """One loader: no module outside common/ reads a YAML config or applies dotted overrides itself.
-    Pending on other branches (drop each when it lands): eval/health.py is being split into a package, its
-    alert loader to call `load_config`; rlhfops/commands/canary.py's `_set` goes with the canaries' move out of
-    the CLI (to `common.validate.set_dotted`)."""
-    pending = {"eval/health.py", "rlhfops/commands/canary.py"}
+    Pending on another branch (drop it when it lands): rlhfops/commands/canary.py's `_set` goes with the
+    canaries' move out of the CLI (to `common.validate.set_dotted`)."""
+    pending = {"rlhfops/commands/canary.py"}
     own = {"read_yaml_mapping", "validate_with_overrides"}
     offenders = []
     for path in sorted(REPO.glob("*/**/*.py")):
