@@ -20,11 +20,17 @@ $(STAMP): pyproject.toml constraints-cpu.txt | $(BIN)/python
 
 install: $(STAMP)
 
+# The main job on embedded defaults: the quick nightly (simulation matrix, detector comparison, a real RLHF job
+# registered and re-evaluated, canaries, a live platform round) on a temporary Prefect API (SQLite under
+# .prefect/) and a SQLite MLflow store (./mlflow.db); it ends by printing where to look (report, MLflow UI and
+# Prefect UI commands).
 demo: install
-	$(BIN)/rlhfops simulate E2
+	PREFECT_HOME=$${PREFECT_HOME:-$(CURDIR)/.prefect} PREFECT_SERVER_ANALYTICS_ENABLED=false \
+		$(BIN)/rlhfops nightly --quick --out results/demo
 
 test: install
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -n 2
 
 # Mutation testing of the PPO math, the streaming scorer, the detectors and the ledger against their fast

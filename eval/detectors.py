@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 # The interface (eval/detector_base.py) and the run-noise estimate (eval/noise.py) live in their own modules;
 # they are imported here under the names callers use (`from eval.detectors import Checkpoint, MIN_DIFFS`).
@@ -281,6 +280,8 @@ class _BocpdMonitor(Monitor):
         return mean, kappa, alpha, beta
 
     def observe(self, cp: Checkpoint) -> bool:
+        from scipy import stats  # here, not at import: scipy.stats takes ~1 s to import, only bocpd needs it
+
         if cp.eval_score != cp.eval_score:
             return False
         self.noise.add(cp)

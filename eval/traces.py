@@ -164,7 +164,7 @@ def run_signs(df: pd.DataFrame, direction: str | None = None) -> dict[str, float
     """Per run: +1 when a higher eval_score is better, -1 when lower is (a trace column `direction`, else
     `direction` for every run, else higher). Raises BadInput naming an unknown direction or a conflict."""
     if direction is not None and direction.strip().lower() not in DIRECTIONS:
-        raise BadInput(f"--direction '{direction}': must be 'higher' (or 'max') or 'lower' "
+        raise BadInput(f"direction: '{direction}' must be 'higher' (or 'max') or 'lower' "
                        "(or 'min'): which way the metric is better")
     default = DIRECTIONS[direction.strip().lower()] if direction else 1.0
     if "direction" not in df.columns:
@@ -181,7 +181,7 @@ def run_signs(df: pd.DataFrame, direction: str | None = None) -> dict[str, float
             raise BadInput(f"trace column 'direction': run '{run_id}' has both 'higher' and 'lower'")
         sign = DIRECTIONS[g.iloc[0]]
         if direction and sign != default:
-            raise BadInput(f"--direction {direction}: run '{run_id}' declares direction '{g.iloc[0]}' in the trace")
+            raise BadInput(f"direction: '{direction}', but run '{run_id}' declares '{g.iloc[0]}' in the trace")
         signs[str(run_id)] = sign
     return {str(r): signs.get(str(r), default) for r in df["run_id"].unique()}
 

@@ -86,7 +86,8 @@ def detector_comparison(seeds: list[int], fail_rate: float, fault_seed: int, ret
         u.keep_jobs = False
     per_seed, _ = run_units_as_tasks(units, fail_rate, fault_seed, retry_delay_s, "detectors: variant x seed",
                                      runner)
-    cols = ["precision", "recall", "fpr", "jct", "wasted_frac", "detection_delay", "regret", "stopped"]
+    cols = ["precision", "recall", "fpr", "jct", "wasted_frac", "detection_delay", "regret", "stopped",
+            "useful_recall", "false_stop_rate", "quality_kept"]  # render() reads the usefulness columns too
     return per_seed.groupby(["experiment", "variant", "scheduler"], sort=False)[cols].mean().reset_index()
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from prefect import flow
 
+from common.config import flatten
 from common.errors import BadInput
 from common.validate import check_out_dir
 from flows import progress
@@ -42,17 +43,6 @@ def fresh_run_dir(out: Path) -> None:
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     for name in ("metrics.csv", "summary.json", "scores.json", "ledger.csv", JOB_DONE):
         (out / name).unlink(missing_ok=True)
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in tree.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{key}."))
-        else:
-            out[key] = v
-    return out
 
 
 def validate_job(config: str | dict, overrides: dict | None, steps: int | None, overlap: str, detector: str,
@@ -146,7 +136,7 @@ def rlhf_job_internal(
     # the run directory is taken before the MLflow run is opened: a second writer fails with nothing to clean up
     with locked_run_dir(out, "out_dir"), parent_run("rlhf_job", job, mlflow_experiment, parent_run_id, tenant=tenant,
                     params={"config": config if isinstance(config, str) else "inline", "overlap": overlap,
-                            "gpus": gpus, "gpu_kind": gpu_kind, "detector": detector, **_flatten(resolved)},
+                            "gpus": gpus, "gpu_kind": gpu_kind, "detector": detector, **flatten(resolved)},
                     fail_rate=fail_rate, fault_seed=fault_seed, retry_delay_s=retry_delay_s,
                     failure_tags=failure_tags) as run:
         if paused is not None:  # continue from the kept checkpoint: the later ones go, the ledger stays

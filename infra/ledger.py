@@ -25,14 +25,15 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from common.errors import BadInput, describe_validation_error
+from common.config import config_dir, config_path, load_config
+from common.errors import BadInput
 
 #: wall-clock phases of one step (same names as training.metrics.PHASES; a test keeps them equal)
 PHASES = ("rollout", "score", "sync", "optim", "eval")
 MICRO = 1_000_000
-DEFAULT_PRICES_FILE = Path(__file__).resolve().parent.parent / "configs" / "prices.yaml"
+DEFAULT_PRICES_FILE = config_dir() / "prices.yaml"
 
 
 class PriceTable(BaseModel):
@@ -60,16 +61,10 @@ class PriceTable(BaseModel):
 
 
 def load_prices(path: str | Path | None = None) -> PriceTable:
-    path = Path(path) if path is not None else DEFAULT_PRICES_FILE
+    path = config_path(path) if path is not None else DEFAULT_PRICES_FILE
     if not path.is_file():
-        raise BadInput(f"prices file '{path}' not found (see configs/prices.yaml)")
-    from common.validate import read_yaml_mapping
-
-    raw = read_yaml_mapping(path, "prices")  # UTF-8, valid YAML, a mapping
-    try:
-        return PriceTable.model_validate(raw)
-    except ValidationError as err:
-        raise BadInput(describe_validation_error(err, source=str(path))) from None
+        raise BadInput(f"prices: file '{path}' not found (see configs/prices.yaml)")
+    return load_config(PriceTable, path, field="prices")
 
 
 @dataclass

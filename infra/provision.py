@@ -43,13 +43,13 @@ K8S_TEMPLATE = Path(__file__).resolve().parent / "k8s" / "gpu-base-job-template.
 def check_runner(runner: str) -> str:
     """Validate `--runner` before any work starts; `ray` needs the optional extra."""
     if runner not in RUNNERS:
-        raise BadInput(f"--runner: '{runner}' is not one of {', '.join(RUNNERS)}")
+        raise BadInput(f"runner: '{runner}' is not one of {', '.join(RUNNERS)}")
     if runner == "ray":
         try:
             import prefect_ray  # noqa: F401
         except ImportError:
-            raise BadInput("--runner ray: prefect-ray is not installed; run `pip install '.[ray]'` "
-                           "(or use --runner thread)") from None
+            raise BadInput("runner: 'ray' needs prefect-ray, which is not installed; run `pip install '.[ray]'` "
+                           "(or use runner 'thread')") from None
     return runner
 
 

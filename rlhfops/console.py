@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from rich.console import Console
 
+def make_console():
+    """A rich Console (imported here, not at start-up: `rlhfops --help` does not need it)."""
+    from rich.console import Console
 
-def make_console() -> Console:
     console = Console()
     if not console.is_terminal:
         console = Console(width=200)

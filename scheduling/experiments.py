@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,19 +16,18 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 from pydantic import ValidationError
-from scipy import stats
 
+from common.config import config_dir, load_config
 from common.errors import BadInput, describe_validation_error
-from common.validate import check_memory, read_yaml_mapping, set_dotted, validate_with_overrides
+from common.validate import check_memory, set_dotted
 from scheduling.config import ExperimentConfig, simulation_memory_bytes
 from scheduling.engine import simulate
 from scheduling.metrics import job_table, summarize
 from scheduling.policies import SHORT_BASE, parse_scheduler
 from scheduling.workload import generate
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = config_dir()
 EXPERIMENTS = [f"E{i}" for i in range(1, 9)]
 
 SUMMARY_COLUMNS = [
@@ -39,30 +38,13 @@ SUMMARY_COLUMNS = [
 ]
 
 
-def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
-    """`key.path=value` strings (values parsed as YAML scalars) into a dict."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise BadInput(f"override '{item}': expected key=value, e.g. workload.eval_noise.sigma=0.05")
-        try:
-            out[key.strip()] = yaml.safe_load(raw)
-        except yaml.YAMLError as err:
-            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-            raise BadInput(f"override '{item}': the value is not valid YAML ({problem}; quote it or fix the "
-                           "brackets)") from None
-    return out
-
-
 def load_experiment(exp: str, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """`exp` is E1..E8 or a YAML path. Overrides apply to the raw tree before validation, so a wrong
     key or type is reported with its full path."""
     path = CONFIG_DIR / f"{exp.upper()}.yaml" if exp.upper() in EXPERIMENTS else Path(exp)
     if not path.is_file():
         raise BadInput(f"experiment '{exp}': not E1..E8 and no such file")
-    tree = read_yaml_mapping(path, "experiment")
-    cfg = validate_with_overrides(ExperimentConfig, tree, overrides, str(path))
+    cfg = load_config(ExperimentConfig, path, overrides, field="experiment")
     # every scheduler name and every variant override must be valid before any work starts
     for where, names in [("schedulers", cfg.schedulers)] + [
         (f"variants[{v.name}].schedulers", v.schedulers or []) for v in cfg.variants
@@ -180,7 +162,11 @@ def run_units(units: list[Unit], workers: int | None = None,
                 on_done(unit)
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            for unit, (r, t) in zip(units, pool.map(run_unit, units, chunksize=1), strict=True):
+            results = pool.map(run_unit, units, chunksize=1)  # the workers are forked (all of them) here
+            # aggregate() needs scipy.stats, ~1 s to import: import it now, while the workers simulate
+            from scipy import stats  # noqa: F401
+
+            for unit, (r, t) in zip(units, results, strict=True):
                 rows += r
                 tables += t
                 if on_done:
@@ -219,6 +205,8 @@ def aggregate(per_seed: pd.DataFrame, jobs: pd.DataFrame) -> pd.DataFrame:
                 else:
                     a, b = g["jct"].to_numpy(), base_rows["jct"].to_numpy()
                 if len(a) > 1 and len(b) > 1:
+                    from scipy import stats  # here, not at import: scipy.stats alone takes ~1 s to import
+
                     row["jct_p_value"] = float(stats.ttest_ind(a, b, equal_var=False).pvalue)
         out.append(row)
     return pd.DataFrame(out, columns=SUMMARY_COLUMNS)

@@ -20,7 +20,7 @@ def run(*args, cwd=None):
 
 def test_simulate_writes_contract_files(tmp_path):
     out = tmp_path / "e2"
-    r = run("simulate", "E2", "--seeds", "42,123", "--jobs", "60", "--out", str(out))
+    r = run("simulate", "E2", "--seeds", "42,123", "--jobs", "60", "--out", str(out), "--plots")
     assert r.returncode == 0, r.stderr
     summary = pd.read_csv(out / "summary.csv")
     assert list(summary.columns) == SUMMARY_COLUMNS

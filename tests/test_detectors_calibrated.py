@@ -129,7 +129,7 @@ def test_lower_is_better_metric_is_declared_not_guessed(tmp_path):
 
 
 @pytest.mark.parametrize("args, extra, message", [
-    (["--direction", "sideways"], {}, "--direction 'sideways'"),
+    (["--direction", "sideways"], {}, "direction: 'sideways'"),
     ([], {"direction": "up"}, "column 'direction'"),
     (["--detector", "stopat"], {}, "detector 'stopat' needs column 'progress'"),
     (["--detector", "lossplateau"], {}, "detector 'lossplateau' needs column 'loss'"),

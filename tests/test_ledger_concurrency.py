@@ -229,7 +229,7 @@ def test_price_file_errors_name_the_file(tmp_path):
     from infra.ledger import load_prices
 
     missing = tmp_path / "nope.yaml"
-    with pytest.raises(BadInput, match=f"prices file '{missing}' not found"):
+    with pytest.raises(BadInput, match=f"prices: file '{missing}' not found"):
         load_prices(missing)
     bad = tmp_path / "bad.yaml"
     bad.write_text("gpu_hour: [unclosed\n")

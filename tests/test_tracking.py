@@ -207,7 +207,7 @@ def test_ray_runner_without_the_extra_is_a_one_line_bad_input():
     except ImportError:
         with pytest.raises(BadInput, match=r"pip install '\.\[ray\]'"):
             check_runner("ray")
-    with pytest.raises(BadInput, match="--runner"):
+    with pytest.raises(BadInput, match="^runner: 'dask'"):
         check_runner("dask")
     assert check_runner("thread") == "thread"
 
@@ -266,6 +266,6 @@ def test_nightly_command_rejects_bad_arguments_before_starting_anything():
     from rlhfops.cli import app
 
     for args, needle in ((["--seeds", "4x"], "--seeds"), (["--fail-rate", "1.5"], "--fail-rate"),
-                         (["--runner", "dask"], "--runner")):
+                         (["--runner", "dask"], "runner: 'dask'")):
         res = CliRunner().invoke(app, ["nightly", *args])
         assert isinstance(res.exception, BadInput) and needle in str(res.exception), args

@@ -264,18 +264,10 @@ def check_train_resources(cfg: TrainConfig) -> None:
 def resolve_config(config: str | Path | dict, overrides: dict | None = None) -> TrainConfig:
     """A validated TrainConfig from a YAML path (or a mapping) plus dotted `overrides` ({"ppo.kl_coef": 0.01}).
     Errors are one line naming the file (or the override) and the field; nothing is built or written."""
-    import copy
+    from common.config import load_config as load_model
 
-    from common.validate import read_yaml_mapping, validate_with_overrides
-
-    if isinstance(config, dict):
-        raw, source = copy.deepcopy(config), "config"
-    else:
-        path = Path(config)
-        raw = read_yaml_mapping(path, "config")
-        raw.setdefault("name", path.stem)
-        source = str(path)
-    cfg = validate_with_overrides(TrainConfig, raw, overrides, source)
+    defaults = None if isinstance(config, dict) else {"name": Path(config).stem}
+    cfg = load_model(TrainConfig, config, overrides, field="config", defaults=defaults)
     check_train_resources(cfg)
     return cfg
 

@@ -8,14 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from common.errors import BadInput, describe_validation_error
+from common.config import config_dir, config_path, load_config
+from common.errors import BadInput
 from eval.health.base import HealthAlert
 from eval.registry import ALERTS
 
 Severity = Literal["paging", "advisory"]
-DEFAULT_ALERTS_FILE = Path(__file__).resolve().parents[2] / "configs" / "alerts.yaml"
+DEFAULT_ALERTS_FILE = config_dir() / "alerts.yaml"
 
 ParamValue = float | int | bool | None
 
@@ -87,19 +88,15 @@ def _build_alert(
 
 def load_alerts_config(path: str | Path | None = None) -> AlertsConfig:
     """Read and validate the thresholds file; any problem is a one-line BadInput naming the field."""
-    path = Path(path) if path is not None else DEFAULT_ALERTS_FILE
+    from common.validate import check_finite_tree
+
+    path = config_path(path) if path is not None else DEFAULT_ALERTS_FILE
     source = str(path)
     if not path.is_file():
-        raise BadInput(f"--alerts: file '{path}' not found (pass a thresholds YAML like configs/alerts.yaml)")
-    from common.validate import check_finite_tree, read_yaml_mapping
-
-    raw = read_yaml_mapping(path, "alerts")  # UTF-8, valid YAML, a mapping
+        raise BadInput(f"alerts: file '{path}' not found (pass a thresholds YAML like configs/alerts.yaml)")
     # .nan/.inf or astronomic thresholds would silence an alert (or fire it always)
-    check_finite_tree(raw, source, max_abs=1e12)
-    try:
-        cfg = AlertsConfig.model_validate(raw)
-    except ValidationError as err:
-        raise BadInput(describe_validation_error(err, source=source)) from None
+    cfg = load_config(AlertsConfig, path, field="alerts",
+                      check=lambda raw, label: check_finite_tree(raw, label, max_abs=1e12))
     for name in cfg.alerts:
         if name not in ALERTS:
             choices = ", ".join(ALERTS)

@@ -10,10 +10,6 @@ import platform
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-
-from rlhfops.console import make_console
 
 BENCH_MODULES: list[str] = ["bench_health", "bench_oppo", "bench_sweep"]
 
@@ -33,7 +29,7 @@ def _large_in_child(jobs: int, gpus: int, load: float, coalesce: bool, queue) ->
     queue.put(bench_large(jobs, gpus, load, coalesce=coalesce))
 
 
-def _run_in_child(progress: Progress, label: str, *args) -> dict:
+def _run_in_child(progress, label: str, *args) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     task = progress.add_task(label, total=None)
@@ -54,8 +50,12 @@ def bench_sim(
     out: Path = typer.Option(None, "--out", help="write the JSON here"),
 ) -> None:
     """E1-E8 x 5 seeds wall time, then one large run: wall, peak RSS, events per second."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
     from common.errors import BadInput
     from common.validate import check_memory, check_out_file
+    from rlhfops.console import make_console
     from scheduling.bench import bench_matrix
 
     if jobs < 1 or gpus < 8 or not 0 < load <= 2:
@@ -104,6 +104,6 @@ def bench_sim(
 
 
 def register(app: typer.Typer) -> None:
-    for name in BENCH_MODULES:
+    for name in [*BENCH_MODULES, "bench_cli"]:
         importlib.import_module(f"rlhfops.commands.{name}").register_bench(bench_app)
     app.add_typer(bench_app, name="bench")

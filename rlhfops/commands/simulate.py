@@ -1,27 +1,36 @@
-"""`rlhfops simulate EXP`: run an EvalStop experiment in the discrete-event simulator."""
+"""`rlhfops simulate EXP`: run an EvalStop experiment in the discrete-event simulator.
+
+Heavy libraries (pandas, scipy, matplotlib, rich's progress and tables) are imported inside the functions that
+use them, so `rlhfops --help` and bad input stay fast; matplotlib only with `--plots`."""
 
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
-import pandas as pd
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from common.errors import BadInput
 from common.validate import check_out_dir, check_out_file, check_seed, check_workers
 from rlhfops.console import make_console
 
 
+def progress_bar(console):
+    """A transient progress bar: description, bar, done/total, elapsed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=True)
+
+
 def _pct(x: float) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
 
 
-def summary_table(summary: pd.DataFrame, title: str) -> Table:
+def summary_table(summary, title: str):
+    """The summary frame as a rich table."""
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left")
     multi = summary["variant"].nunique() > 1
     cols = (["variant"] if multi else []) + ["scheduler", "JCT (min)", "TTFUC", "Wasted", "Saved", "Precision",
@@ -55,17 +64,19 @@ def parse_seeds(text: str | None) -> list[int] | None:
 
 
 def run_experiment(exp: str, seeds: list[int] | None, jobs: int | None, gpus: int | None,
-                   overrides: list[str], out: Path | None, console: Console, workers: int | None = None):
-    """Validate everything, run with a progress bar, write summary.csv / jobs.csv / per_seed.csv / plots."""
+                   overrides: list[str], out: Path | None, console, workers: int | None = None, plots: bool = True):
+    """Validate everything, run with a progress bar, write summary.csv / jobs.csv / per_seed.csv / tenants.csv and
+    (with `plots`) the figures."""
+    import time
+
+    from common.config import parse_overrides
     from scheduling.experiments import (
         aggregate,
         load_experiment,
-        parse_overrides,
         run_units,
         scale,
         units_for,
     )
-    from scheduling.plots import plot_summary
 
     if jobs is not None and jobs < 1:
         raise BadInput("--jobs must be >= 1")
@@ -80,8 +91,7 @@ def run_experiment(exp: str, seeds: list[int] | None, jobs: int | None, gpus: in
     check_out_dir(out, "out")
     units = units_for(cfg, workers=workers)
     t0 = time.perf_counter()
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
+    with progress_bar(console) as progress:
         task = progress.add_task(f"{cfg.name}: variant x seed", total=len(units))
         per_seed, job_rows = run_units(units, workers=workers, on_done=lambda _u: progress.advance(task))
     wall = time.perf_counter() - t0
@@ -90,18 +100,25 @@ def run_experiment(exp: str, seeds: list[int] | None, jobs: int | None, gpus: in
     summary.to_csv(out / "summary.csv", index=False)
     per_seed.to_csv(out / "per_seed.csv", index=False)
     job_rows.to_csv(out / "jobs.csv", index=False)
-    plots = plot_summary(summary, out)
     tenant_costs(job_rows).to_csv(out / "tenants.csv", index=False)
-    return cfg, summary, wall, out, plots
+    figures = []
+    if plots:
+        from scheduling.plots import plot_summary
+
+        figures = plot_summary(summary, out)
+    return cfg, summary, wall, out, figures
 
 
-def tenant_costs(job_rows: pd.DataFrame) -> pd.DataFrame:
+def tenant_costs(job_rows):
     """Per scheduler and tenant: GPU-hours and cost from the accounting ledger (mean over seeds)."""
-    from infra.ledger import Ledger, charge_simulated_jobs
+    import pandas as pd
 
+    from infra.ledger import Ledger, charge_simulated_jobs, load_prices
+
+    prices = load_prices()  # once: a Ledger() per group would read the price file again each time
     rows = []
     for (exp, variant, sched, seed), g in job_rows.groupby(["experiment", "variant", "scheduler", "seed"], sort=False):
-        ledger = Ledger()
+        ledger = Ledger(prices)
         charge_simulated_jobs(ledger, g)
         for tenant, t in sorted(ledger.tenant_totals().items()):
             rows.append({"experiment": exp, "variant": variant, "scheduler": sched, "seed": seed, "tenant": tenant,
@@ -124,17 +141,20 @@ def register(app: typer.Typer) -> None:
                                        "--set workload.eval_noise.sigma=0.05 (repeatable)"),
         out: Path = typer.Option(None, "--out", help="output directory (default results/<EXP>)"),
         workers: int = typer.Option(None, "--workers", help="worker processes (default: all cores)"),
+        plots: bool = typer.Option(False, "--plots/--no-plots", help="also draw <EXP>.png (matplotlib: about a "
+                                   "second more)"),
     ) -> None:
-        """Run an EvalStop experiment: prints the table, writes summary.csv, jobs.csv, per_seed.csv and plots."""
+        """Run an EvalStop experiment: prints the table, writes summary.csv, jobs.csv, per_seed.csv and tenants.csv
+        (plots with --plots)."""
         console = make_console()
-        cfg, summary, wall, out_dir, plots = run_experiment(
-            experiment, parse_seeds(seeds), jobs, gpus, set_, out, console, workers)
+        cfg, summary, wall, out_dir, figures = run_experiment(
+            experiment, parse_seeds(seeds), jobs, gpus, set_, out, console, workers, plots)
         console.print(summary_table(summary, f"{cfg.name}: {cfg.description} — {cfg.workload.jobs} jobs, "
                                     f"{cfg.workload.gpus} GPUs, seeds {','.join(map(str, cfg.seeds))}"))
         console.print("Means over seeds; JCT ± sd across seeds; p(JCT): Welch's t-test of per-job JCT against "
                       "the same base without early stop.")
-        console.print(f"[green]done in {wall:.1f}s[/]: {out_dir}/summary.csv, jobs.csv, per_seed.csv, tenants.csv, "
-                      + ", ".join(p.name for p in plots))
+        console.print(f"[green]done in {wall:.1f}s[/]: {out_dir}/summary.csv, jobs.csv, per_seed.csv, tenants.csv"
+                      + "".join(f", {p.name}" for p in figures))
 
     @app.command("reproduce")
     def reproduce_cmd(
@@ -149,8 +169,7 @@ def register(app: typer.Typer) -> None:
         check_workers(workers)
         console = make_console()
         total = sum(len(units_for(load_experiment(e))) for e in EXPERIMENTS)
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as progress:
+        with progress_bar(console) as progress:
             task = progress.add_task("E1-E8: variant x seed", total=total)
             summary = run_all(workers, on_done=lambda _u: progress.advance(task))
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -190,8 +209,7 @@ def register(app: typer.Typer) -> None:
         replay = render_fresh(fresh_seed_bars(sets=20, workers=workers)) + "\n" + (replay or "")
 
         console = make_console()
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as progress:
+        with progress_bar(console) as progress:
             task = progress.add_task("detectors: variant x seed", total=len(report_units()))
             table = run_report(workers, on_done=lambda _u: progress.advance(task))
         out.parent.mkdir(parents=True, exist_ok=True)

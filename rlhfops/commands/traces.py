@@ -10,10 +10,11 @@ import pandas as pd
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from common.config import config_dir
 from common.errors import BadInput
 from rlhfops.console import make_console
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIG_DIR = config_dir()
 #: shipped configs and their labels (1: over-optimises the proxy, 0: healthy)
 LABELLED_CONFIGS = {"ppo-hack": 1, "ppo-healthy": 0}
 
