@@ -5,7 +5,7 @@ check the spec (before any slot is taken) -> open or resume the Optuna study -> 
 trains -> the platform's detector prunes over-optimising trials -> the budget stops new trials -> MLflow parent +
 child per trial, best checkpoint registered, the sweep report as MLflow and Prefect artifacts.
 
-The flow is a thin wrapper: the domain runner is `scheduling.sweep.SweepRunner`, the MLflow record
+The flow is a thin wrapper: the domain runner is `sweeps.runner.SweepRunner`, the MLflow record
 `tasks.sweep.MlflowSweepTracker`; `rlhfops sweep` runs the same two without Prefect.
 """
 

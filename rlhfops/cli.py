@@ -94,6 +94,10 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
                       "each seed and write their eval-gate checkpoints as one Trace CSV ..."),
     "platform": ("platform", "Run one live round: tenants' PPO jobs queued at once, placed on --slots worker slots "
                  "by --scheduler ..."),
+    "resume": ("resume", "Resume a paused run: the `rlhf-job` flow with `resume_paused` on the run directory; the run "
+               "continues from ..."),
+    "sweep": ("sweep", "Run a sweep: Optuna samples the settings, each trial is a PPO job on the sweep's GPU slots, "
+              "the platform's ..."),
 }
 
 for _name in COMMAND_MODULES:

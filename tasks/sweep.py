@@ -1,6 +1,6 @@
 """A sweep's MLflow record and the entry point the CLI and the Prefect flow share.
 
-`MlflowSweepTracker` is the runner's tracker (scheduling/sweep.py `NullTracker` interface) on MLflow: one parent
+`MlflowSweepTracker` is the runner's tracker (sweeps/runner.py `NullTracker` interface) on MLflow: one parent
 run per sweep (key `sweep/<storage>/<name>`: a resumed or extended sweep reopens it), one child per trial (every
 varied param, per-step metrics, final state, pruned-at step, cost, best checkpoint), the best trial's checkpoint
 registered under the tenant's model, the sweep report and the ledger as artifacts of the parent.
@@ -123,8 +123,8 @@ def prepare(spec_path: str | Path | dict, trials: int | None = None, prices: str
     opened or slot taken. Raises BadInput naming the field."""
     from common.errors import BadInput
     from infra.ledger import Ledger, load_prices
-    from scheduling.sweep import check_pruning
-    from scheduling.sweep_spec import check_against_job, load_spec, parse_spec
+    from sweeps.runner import check_pruning
+    from sweeps.spec import check_against_job, load_spec, parse_spec
 
     if isinstance(spec_path, dict):
         raw = dict(spec_path)
@@ -147,7 +147,7 @@ def run_sweep(spec, ledger, *, prune: bool = True, resume: bool = False, on_even
               parent_run_id: str | None = None, flow_tags: dict[str, str] | None = None,
               base_dir: Path | None = None, trial_fn=None) -> dict[str, Any]:
     """Run a prepared sweep with MLflow tracking and the tenant's ledger."""
-    from scheduling.sweep import SweepRunner, run_trial
+    from sweeps.runner import SweepRunner, run_trial
 
     tracker = MlflowSweepTracker(ledger, parent_run_id, flow_tags)
     runner = SweepRunner(spec, prune=prune, resume=resume, tracker=tracker, ledger=ledger, on_event=on_event,

@@ -107,7 +107,7 @@ def test_reward_hacking_awareness_uses_the_proxy_reward():
     stop_falling = _replay("divergence", scores, falling, 0.02)
     assert stop_rising is not None and (stop_falling is None or stop_falling > stop_rising)
     for rewards, expected in ((rising, stop_rising), (falling, stop_falling)):
-        study = optuna.create_study(direction="maximize", pruner=DetectorPruner("default"))
+        study = optuna.create_study(direction="maximize", pruner=DetectorPruner("divergence"))
         seen: list[int] = []
         study.optimize(objective_reporting(scores, rewards, se=0.02, log=seen), n_trials=1)
         t = study.trials[0]

@@ -1,4 +1,4 @@
-"""The sweep runner (scheduling/sweep.py) with its MLflow tracker (tasks/sweep.py) on a real Optuna storage (SQLite
+"""The sweep runner (sweeps/runner.py) with its MLflow tracker (tasks/sweep.py) on a real Optuna storage (SQLite
 file) and a real MLflow store, with a scripted trial in place of training: each trial's held-out curve, GPU time and
 failure are set by its kl_coef, so the expected prune step, values, ledger totals and registry entry are computed by
 hand below."""
@@ -12,7 +12,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from scheduling.sweep import TrialOutcome
+from sweeps.runner import TrialOutcome
 
 BASE = {
     "seed": 2, "steps": 12,
@@ -161,7 +161,7 @@ def test_resume_extends_and_reruns_only_interrupted_trials(tmp_path, mlflow_stor
     with pytest.raises(BadInput, match="--resume"):  # a second sweep under the same name must say resume
         run(tmp_path, fake, trials=2, space=space, sampler=sampler)
     # a process died with a trial RUNNING: simulate it by asking for one and never telling
-    from scheduling.sweep_spec import parse_spec
+    from sweeps.spec import parse_spec
 
     spec = parse_spec(spec_dict(tmp_path, space=space, sampler=sampler))
     study = optuna.load_study(study_name="t", storage=spec.storage_url)

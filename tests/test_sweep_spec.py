@@ -88,7 +88,7 @@ def test_trials_flag_below_one_exits_2(tmp_path, monkeypatch, capsys):
 
 
 def test_the_example_spec_is_valid_and_its_space_reaches_over_optimising_settings():
-    from scheduling.sweep_spec import load_spec
+    from sweeps.spec import load_spec
 
     spec = load_spec(REPO / "configs" / "sweeps" / "example.yaml")
     assert spec.trials == 12 and spec.concurrency == 2

@@ -47,15 +47,9 @@ def base_config(steps: int, fault_at: int, cache_dir: str) -> dict:
     }
 
 
-def _set(d: dict, dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    for k in keys[:-1]:
-        d = d.setdefault(k, {})
-    d[keys[-1]] = value
-
-
 def canary_spec(canary: Canary, steps: int, fault_at: int, cache_dir: str):
     """The canary's job: the shared base with its fault and overrides, no run directory, sequential PPO."""
+    from common.validate import set_dotted
     from training.config import TrainConfig
     from training.lifecycle import JobSpec
 
@@ -64,7 +58,7 @@ def canary_spec(canary: Canary, steps: int, fault_at: int, cache_dir: str):
     if canary.fault:
         raw["fault"].update(canary.fault)
     for key, value in canary.overrides.items():
-        _set(raw, key, value)
+        set_dotted(raw, key, value)
     return JobSpec(tenant="canary", name=canary.name, config=TrainConfig.model_validate(raw),
                    run_id=f"canary-{canary.name}", overlap="none", gpu_kind="cpu",
                    run_through_pause=canary.expected is not None)

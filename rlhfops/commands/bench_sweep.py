@@ -48,7 +48,7 @@ def register_bench(bench_app: typer.Typer) -> None:
         from common.validate import check_out_dir, check_out_file
         from infra.ledger import Ledger, load_prices
         from rlhfops.console import make_console
-        from scheduling.sweep_spec import trial_config
+        from sweeps.spec import trial_config
         from tasks.sweep import prepare
 
         check_out_file(out, "out")

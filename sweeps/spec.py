@@ -175,12 +175,9 @@ def parse_spec(raw: dict[str, Any], source: str = "sweep spec") -> SweepSpec:
 def load_spec(path: str | Path, trials: int | None = None) -> SweepSpec:
     """Read and check a sweep spec file: the spec's own fields, then every varied field against the job config
     (each listed value and both ends of each range must make a valid job). `trials` overrides the spec's."""
-    from common.validate import read_yaml_mapping
+    from common.config import load_config
 
-    raw = read_yaml_mapping(path, "spec")
-    if trials is not None:
-        raw["trials"] = trials
-    spec = parse_spec(raw, source=str(path))
+    spec = load_config(SweepSpec, path, {"trials": trials} if trials is not None else None, field="spec")
     check_against_job(spec, base_dir=Path(path).resolve().parent)
     return spec
 

@@ -1,6 +1,6 @@
 """The sweep report: a markdown table of every trial and three plots (quality vs GPU-hours with the Pareto front,
 parallel coordinates of the varied params vs the objective, held-out curves of pruned vs completed trials).
-Reads the runner's summary only (scheduling/sweep.py); matplotlib, no Prefect or MLflow."""
+Reads the runner's summary only (sweeps/runner.py); matplotlib, no Prefect or MLflow."""
 
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput
-from scheduling.sweep_spec import SweepSpec, trial_config
+from sweeps.spec import SweepSpec, trial_config
+from training.lifecycle import JobHooks
 
 #: an observer sees each checkpoint (a step whose held-out gate ran) and may return a stop reason
 Observer = Callable[[int, dict[str, Any]], "str | None"]
@@ -57,68 +58,49 @@ class TrialOutcome:
     scores: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _best_of(scores: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Highest held-out score; ties go to the earlier checkpoint (as `rlhf_job` keeps its best)."""
-    finite = [s for s in scores if math.isfinite(s["eval_score"])]
-    return max(finite, key=lambda s: (s["eval_score"], -s["step"])) if finite else None
-
-
 def run_trial(job_config, observer: Observer | None = None, *, out_dir: str | Path, overlap: str = "none",
               ledger: Any = None, run_id: str = "trial", tenant: str = "acme", gpu_kind: str = "cpu",
               gpus: int = 1) -> TrialOutcome:
-    """Train one job (`job_config`, a `training.config.TrainConfig`) the way `rlhf_job` does, score its saved
-    checkpoints on held-out prompts and keep the best. `observer(step, metrics)` is called at every checkpoint (a
-    step whose gate ran; `metrics` is the step's `StepRecord.flat()`) and may return a stop reason: the job stops
-    there and keeps its best checkpoint (state `pruned`). Every step is charged to `ledger` (duck-typed
-    `infra.ledger.Ledger`) under `run_id` and `tenant`.
+    """Train one job (`job_config`, a `training.config.TrainConfig`) through the platform's job lifecycle
+    (`training.lifecycle.run_job`, the same loop `rlhf_job` runs), score its saved checkpoints on held-out prompts
+    and keep the best. `observer(step, metrics)` is called at every checkpoint (a step whose gate ran; `metrics` is
+    the step's `StepRecord.flat()`) and may return a stop reason: the job stops there and keeps its best
+    checkpoint (state `pruned`). Every step is charged to `ledger` (duck-typed `infra.ledger.Ledger`) under
+    `run_id` and `tenant` by the job's supervisor.
 
-    REWIRE POINT: this body is today's trainer loop (training.trainer.Trainer + gold_eval of the checkpoints, as
-    flows/rlhf_job.py and tasks/training.py do it, without the alert catalog and run state machine). When the
-    platform's single Prefect-free job lifecycle exists (a typed JobSpec and a per-checkpoint observer), this
-    function becomes a call of it with `observer` passed through, mapping its result to `TrialOutcome`."""
+    The job's supervisor runs no gate detector and no alert catalog: the sweep's pruner is the only thing that
+    stops a trial, so the `--no-prune` baseline is not cut short by another rule (an alert that pauses a run
+    would also end the observer's calls for the rest of the trial)."""
     from transformers.utils import logging as hf_logging
 
-    from training.trainer import Trainer, gold_eval
+    from eval.health import Catalog
+    from eval.supervisor import RunSupervisor
+    from training.lifecycle import JobSpec, run_job
 
     hf_logging.set_verbosity_error()  # loading a checkpoint's tied lm_head prints a load report per checkpoint
     out = Path(out_dir)
     shutil.rmtree(out, ignore_errors=True)  # a trial's directory is its own: a re-run starts over
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    records: list[dict[str, Any]] = []
-    gpu_s = 0.0
-    state, reason, error, pruned_at = "completed", None, None, None
+    spec = JobSpec(tenant=tenant, name=out.name, config=job_config, run_id=run_id, out_dir=out, overlap=overlap,
+                   gpus=gpus, gpu_kind=gpu_kind, detector=None, run_through_pause=True)
     try:
-        trainer = Trainer(job_config, overlap, out, resume=False)
-        run = trainer.run()
-        for rec in run:
-            if ledger is not None:
-                ledger.charge_step(run_id, tenant, gpu_kind, rec, n_gpus=gpus)
-            flat = rec.flat()
-            gpu_s += sum(v for k, v in flat.items() if k.startswith("phase_") and k.endswith("_s")) * gpus
-            records.append(flat)
-            if observer is not None and math.isfinite(rec.gold_eval):
-                reason = observer(int(rec.step), flat)
-                if reason:
-                    state, pruned_at = "pruned", int(rec.step)
-                    break
-        run.close()
-    except Exception as err:  # noqa: BLE001 - a training error ends the trial FAILED, recorded, not lost
-        state, error = "failed", f"{type(err).__name__}: {err}"
-    scores = []
-    if state != "failed":
-        for ckpt in sorted((out / "checkpoints").glob("step-*")):
-            row = {"checkpoint": str(ckpt), "step": int(ckpt.name.split("-")[1]), "eval_score": math.nan,
-                   "eval_se": math.nan}
-            try:
-                g = gold_eval(ckpt)
-                row.update(eval_score=g.mean, eval_se=g.se)
-            except Exception as err:  # noqa: BLE001 - a diverged checkpoint (NaN weights) cannot be kept: skip it
-                row["error"] = f"{type(err).__name__}: {err}"
-            scores.append(row)
-        if scores and not any(math.isfinite(s["eval_score"]) for s in scores):
-            state, error = "failed", f"scoring: no checkpoint could be scored ({scores[-1].get('error')})"
-    best = _best_of(scores)
+        supervisor = RunSupervisor(run_id, tenant, Catalog({}).start(tenant=tenant), ledger=ledger, gpu_kind=gpu_kind,
+                                   n_gpus=gpus)
+        outcome = run_job(spec, observer, hooks=_TrialHooks(), supervisor=supervisor)
+    except Exception as err:  # noqa: BLE001 - a worker that cannot start ends the trial FAILED, recorded, not lost
+        return TrialOutcome(state="failed", steps=0, gpu_seconds=0.0, wall_s=time.perf_counter() - t0,
+                            error=f"{type(err).__name__}: {err}")
+    records, scores = outcome.records, outcome.scores
+    gpu_s = sum(v for r in records for k, v in r.items() if k.startswith("phase_") and k.endswith("_s")) * gpus
+    state, error, pruned_at = "completed", None, None
+    if outcome.decision == "failed":
+        state, error = "failed", f"{type(outcome.error).__name__}: {outcome.error}"
+    elif outcome.decision == "stopped":
+        state, pruned_at = "pruned", int(records[-1]["step"]) if records else None
+    if state != "failed" and scores and not any(math.isfinite(s["eval_score"]) for s in scores):
+        state, error = "failed", f"scoring: no checkpoint could be scored ({scores[-1].get('error')})"
+    best = outcome.best
     for s in scores:  # keep the best checkpoint only: a sweep saves dozens of runs
         if best is None or s["checkpoint"] != best["checkpoint"]:
             shutil.rmtree(s["checkpoint"], ignore_errors=True)
@@ -126,8 +108,33 @@ def run_trial(job_config, observer: Observer | None = None, *, out_dir: str | Pa
                         best_step=best["step"] if best else None,
                         best_score=best["eval_score"] if best else math.nan,
                         best_se=best["eval_se"] if best else math.nan,
-                        best_checkpoint=best["checkpoint"] if best else None, stop_reason=reason,
+                        best_checkpoint=best["checkpoint"] if best else None, stop_reason=outcome.stop_reason or None,
                         pruned_at=pruned_at, error=error, records=records, scores=scores)
+
+
+class _TrialHooks(JobHooks):
+    """The lifecycle's in-process hooks, except that a checkpoint which cannot be scored (diverged weights) is
+    skipped rather than failing the trial: a sweep explores settings that diverge."""
+
+    def start_worker(self, spec):
+        from training.trainer import Trainer
+
+        return Trainer(spec.config, spec.overlap, spec.out_dir, resume=False)
+
+    def score(self, spec, checkpoints):
+        from training.lifecycle import step_of
+        from training.trainer import gold_eval
+
+        out = []
+        for ckpt in checkpoints:
+            row = {"checkpoint": ckpt, "step": step_of(ckpt), "eval_score": math.nan, "eval_se": math.nan}
+            try:
+                g = gold_eval(ckpt)
+                row.update(eval_score=g.mean, eval_se=g.se)
+            except Exception as err:  # noqa: BLE001 - a diverged checkpoint (NaN weights) cannot be kept: skip it
+                row["error"] = f"{type(err).__name__}: {err}"
+            out.append(row)
+        return out
 
 
 @dataclass
@@ -465,7 +472,7 @@ class SweepRunner:
             summary = self.summary(study, session, time.time() - t0, target)
             files = []
             if self.report and not failed_sweep:
-                from scheduling.sweep_report import write_report
+                from sweeps.report import write_report
 
                 files = write_report(summary, spec.run_dir / "report")
             summary["report_files"] = [str(p) for p in files]
