@@ -21,6 +21,7 @@ app = typer.Typer(
 COMMAND_MODULES: list[str] = [
     "simulate", "detect", "health", "bench", "train", "canary", "nightly", "report", "traces", "platform",
 ]
+COMMAND_MODULES.append("stack")  # rlhfops stack up|down|env|status (infra/stack.py)
 
 
 
