@@ -16,6 +16,7 @@ from rich.table import Table
 from rlhfops.console import make_console
 
 BENCH_MODULES: list[str] = ["bench_health", "bench_oppo"]
+BENCH_MODULES.append("bench_platform")  # load on the PostgreSQL stack (issue 16)
 
 bench_app = typer.Typer(help="Benchmarks; each writes a JSON with every figure measured.", no_args_is_help=True)
 
