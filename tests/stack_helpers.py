@@ -12,7 +12,7 @@ from pathlib import Path
 
 RLHFOPS = str(Path(sys.executable).parent / "rlhfops")
 #: tag keys whose values differ between any two runs of the same thing (ids, hosts, clocks, processes)
-VOLATILE_TAG_PREFIXES = ("mlflow.", "prefect.", "rlhfops.owner", "rlhfops.key")
+VOLATILE_TAG_PREFIXES = ("mlflow.", "prefect.", "rlhfops.host", "rlhfops.pid", "rlhfops.key")
 #: the nightly's run name carries the minute it started
 TIME_IN_NAME = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}")
 
@@ -30,10 +30,11 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def mlflow_content(tracking_uri: str) -> dict:
+def mlflow_content(tracking_uri: str, out_dir: str | Path | None = None) -> dict:
     """What a store holds, minus what differs by nature between two runs of the same nightly: per normalised run
-    name (a Counter of names, so a lost or duplicated run shows), its status, its stable tags, its metric keys and
-    param keys; the registered models with their version counts."""
+    name (a Counter of names, so a lost or duplicated run shows), its status, its stable tags (paths under
+    `out_dir` made relative to it), its metric keys and param keys; the registered models with their version
+    counts."""
     from mlflow.tracking import MlflowClient
 
     c = MlflowClient(tracking_uri=tracking_uri)
@@ -52,7 +53,7 @@ def mlflow_content(tracking_uri: str) -> dict:
         key = f"{e}/{TIME_IN_NAME.sub('<time>', r.info.run_name)}"
         content.setdefault(key, []).append({
             "status": r.info.status,
-            "tags": sorted((k, v) for k, v in r.data.tags.items()
+            "tags": sorted((k, v.replace(str(out_dir), "<out>") if out_dir else v) for k, v in r.data.tags.items()
                            if not k.startswith(VOLATILE_TAG_PREFIXES) and k != "rlhfops.names"),
             "metric_keys": sorted(r.data.metrics),
             "param_keys": sorted(r.data.params),
