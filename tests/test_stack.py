@@ -103,9 +103,10 @@ NIGHTLY_ARGS = ["nightly", "--quick", "--experiments", "E1", "--seeds", "42", "-
 
 @pytest.mark.slow
 def test_stack_nightly_on_ray_matches_the_embedded_default(warm_start_cache):
-    """11 min here under a load of 12 on 2 cores. The stack up on loopback; `nightly --runner ray` on a local Ray head against it; the same
-    nightly on the embedded defaults (temporary Prefect server, SQLite MLflow, threads); the MLflow content (run
-    names, statuses, stable tags, metric and param keys, registry entries) equal; the stack down, no process left."""
+    """11 min here under a load of 12 on 2 cores. The stack up on loopback; `nightly --runner ray` on a local Ray
+    head against it; the same nightly on the embedded defaults (temporary Prefect server, SQLite MLflow, threads);
+    the MLflow content (run names, statuses, stable tags, metric and param keys, registry entries) equal; the
+    scheduling summary equal cell for cell; the stack down, no process left."""
     # PostgreSQL runs as another user when the tests run as root: its directory must be enterable by it
     root = Path(tempfile.mkdtemp(prefix="rlhfops-stack-"))
     root.chmod(0o755)
