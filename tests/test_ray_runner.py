@@ -71,3 +71,13 @@ def test_a_local_head_gives_a_training_task_its_slots(prefect_server, monkeypatc
     assert training["api"] == plain["api"] == get_current_settings().api.url
     assert training["pid"] != os.getpid()
     assert not ray.is_initialized()
+
+
+def test_the_simulation_task_pickles_the_way_ray_sends_it():
+    """Ray sends a task's function by value, globals included; `simulate_unit` refers to the timing clock (which
+    holds a lock): it must arrive as the receiving process's own clock."""
+    from tasks.sim import simulate_unit
+    from tasks.timing import clock
+
+    restored = ray.cloudpickle.loads(ray.cloudpickle.dumps(simulate_unit))
+    assert restored.fn.__globals__["clock"] is clock
