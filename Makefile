@@ -15,7 +15,7 @@ $(BIN)/python:
 
 # Reinstall only when the dependency declarations change.
 $(STAMP): pyproject.toml constraints-cpu.txt | $(BIN)/python
-	$(BIN)/pip install $(PIP_FLAGS) -c constraints-cpu.txt -e '.[dev]'
+	$(BIN)/pip install $(PIP_FLAGS) -c constraints-cpu.txt -e '.[dev,ray,stack]'
 	touch $(STAMP)
 
 install: $(STAMP)

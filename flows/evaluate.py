@@ -54,7 +54,9 @@ def evaluate_checkpoint_internal(
     """`evaluate_checkpoint` with the knobs the run form does not show: `retry_delay_s` (first backoff delay)
     and `parent_run_id` (the MLflow run to nest under; the nightly's)."""
     path = _resolve_checkpoint(checkpoint)
-    with parent_run("evaluation", f"evaluate {path.parent.parent.name}/{path.name}", mlflow_experiment, parent_run_id,
+    # a registry entry is named by its reference: its download path is a random directory on a tracking server
+    shown = checkpoint if checkpoint.startswith("models:/") else f"{path.parent.parent.name}/{path.name}"
+    with parent_run("evaluation", f"evaluate {shown}", mlflow_experiment, parent_run_id,
                     tenant=tenant, params={"checkpoint": checkpoint, "resolved": str(path), "min_score": min_score},
                     retry_delay_s=retry_delay_s) as run:
         (score,) = score_checkpoints.with_options(retry_delay_seconds=backoff(retry_delay_s))(path.name, [str(path)])

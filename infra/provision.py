@@ -1,7 +1,10 @@
 """Worker provisioning: task runners (threads or Ray), the local compute pool, GPU worker slots, work pools.
 
 - Task runners: flows fan out on Prefect's `ThreadPoolTaskRunner` (bounded: unbounded is the default and
-  would start a thread per task); with `--runner ray` on `prefect_ray.RayTaskRunner` (the `ray` extra).
+  would start a thread per task); with `--runner ray` on `prefect_ray.RayTaskRunner` (the `ray` extra): the cluster
+  at `RAY_ADDRESS`, else a local head started on loopback (small object store, no dashboard) and shut down with
+  the runner. Ray workers get the Prefect API and MLflow store of this process. A task that trains asks Ray for
+  its GPUs inside `gpu_request(n)`: `num_gpus` on a cluster with GPUs, else the `gpu_slot` custom resource.
 - Compute pool: simulation units are CPU-bound pure Python. Threads orchestrate; the CPU work of a
   thread-runner task goes to one process pool per flow process (`spawn`, so no thread state is forked),
   sized to the cores. Under Ray the work runs inline in the Ray worker.
@@ -20,6 +23,7 @@ import functools
 import json
 import multiprocessing as mp
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -40,8 +44,20 @@ K8S_POOL = "k8s-gpu"
 K8S_TEMPLATE = Path(__file__).resolve().parent / "k8s" / "gpu-base-job-template.json"
 
 
+#: the custom Ray resource that stands in for GPU slots on a cluster without GPUs (a local head declares
+#: `RLHFOPS_RAY_GPU_SLOTS` of them, default 2: the nightly platform round's slot pool)
+SLOT_RESOURCE = "gpu_slot"
+#: object store of a local Ray head: the simulation units' results are small (Ray's minimum is 75 MiB)
+RAY_OBJECT_STORE_MB = 128
+#: what Ray workers need from this process's environment to reach the same Prefect API and MLflow store
+RAY_WORKER_ENV = ("MLFLOW_TRACKING_URI", "PREFECT_LOGGING_LEVEL", "PREFECT_SERVER_ANALYTICS_ENABLED",
+                  "OMP_WAIT_POLICY", "MPLBACKEND")
+_RAY_ADDRESS = re.compile(r"^(auto|local|(ray://)?[A-Za-z0-9_.\-]+:\d{1,5})$")
+
+
 def check_runner(runner: str) -> str:
-    """Validate `--runner` before any work starts; `ray` needs the optional extra."""
+    """Validate `--runner` before any work starts; `ray` needs the optional extra and a well-formed
+    `RAY_ADDRESS` if one is set."""
     if runner not in RUNNERS:
         raise BadInput(f"runner: '{runner}' is not one of {', '.join(RUNNERS)}")
     if runner == "ray":
@@ -50,17 +66,88 @@ def check_runner(runner: str) -> str:
         except ImportError:
             raise BadInput("runner: 'ray' needs prefect-ray, which is not installed; run `pip install '.[ray]'` "
                            "(or use runner 'thread')") from None
+        address = os.environ.get("RAY_ADDRESS", "").strip()
+        if address and not _RAY_ADDRESS.match(address):
+            raise BadInput(f"RAY_ADDRESS: '{address}' is not host:port, ray://host:port or auto; unset it to start "
+                           "a local Ray head")
+        ray_slots()
     return runner
 
 
+def ray_slots() -> int:
+    raw = os.environ.get("RLHFOPS_RAY_GPU_SLOTS", "2").strip()
+    if not raw.isdigit() or not 1 <= int(raw) <= 4096:
+        raise BadInput(f"RLHFOPS_RAY_GPU_SLOTS: '{raw}' is not a whole number in 1..4096 (GPU slots of a local "
+                       "Ray head)")
+    return int(raw)
+
+
+def ray_worker_env() -> dict[str, str]:
+    """The environment Ray workers need: the Prefect API this process uses (on the temporary server too, else each
+    worker would start a server of its own) and the MLflow store."""
+    from prefect.settings import get_current_settings
+
+    env = {k: os.environ[k] for k in RAY_WORKER_ENV if os.environ.get(k)}
+    url = get_current_settings().api.url
+    if not url:
+        from prefect.server.api.server import SubprocessASGIServer
+
+        server = SubprocessASGIServer._instances.get(None)
+        url = server.api_url if server is not None and server.running else None
+    if url:
+        env["PREFECT_API_URL"] = url
+    return env
+
+
+def ray_init_kwargs(address: str | None) -> dict[str, Any]:
+    """`ray.init` arguments: the workers' environment; for a local head also loopback only, no dashboard, a small
+    object store, this machine's cores and the GPU-slot resource."""
+    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": ray_worker_env()}, "log_to_driver": False}
+    if address:
+        return kwargs
+    return {**kwargs, "num_cpus": os.cpu_count() or 1, "include_dashboard": False, "_node_ip_address": "127.0.0.1",
+            "object_store_memory": RAY_OBJECT_STORE_MB * 2**20, "resources": {SLOT_RESOURCE: ray_slots()}}
+
+
+def ray_gpu_options(gpus: int, cluster: dict[str, float]) -> dict[str, Any]:
+    """The Ray remote options of a task that trains on `gpus` GPUs, on a cluster with these total resources."""
+    if gpus < 1:
+        return {}
+    if cluster.get("GPU", 0) > 0:
+        kind, have, opts = "GPU", cluster["GPU"], {"num_gpus": gpus}
+    else:
+        kind, have, opts = SLOT_RESOURCE, cluster.get(SLOT_RESOURCE, 0), {"resources": {SLOT_RESOURCE: gpus}}
+    if gpus > have:
+        raise BadInput(f"gpus: a task asks for {gpus} GPUs but the Ray cluster has {have:g} {kind}; lower it or "
+                       "add nodes" + (" (or raise RLHFOPS_RAY_GPU_SLOTS)" if kind == SLOT_RESOURCE else ""))
+    return opts
+
+
+@contextmanager
+def gpu_request(gpus: int) -> Iterator[None]:
+    """Tasks submitted to a Ray task runner inside the block ask Ray for `gpus` GPUs (`ray_gpu_options`), so Ray
+    places them on a node that has them and runs no more at once than there are. Without a running Ray (the thread
+    runner) it does nothing: there `SlotPool` holds the GPU slots."""
+    try:
+        import ray
+    except ImportError:
+        yield
+        return
+    if not ray.is_initialized() or gpus < 1:
+        yield
+        return
+    from prefect_ray.context import remote_options
+
+    with remote_options(**ray_gpu_options(gpus, ray.cluster_resources())):
+        yield
+
+
 def task_runner(runner: str = "thread", max_workers: int | None = None):
-    """The Prefect task runner for a flow's fan-out."""
+    """The Prefect task runner for a flow's fan-out. Built when the flow module is imported; a Ray runner reads its
+    settings (`RAY_ADDRESS`, the Prefect API to hand to workers) when it is entered."""
     check_runner(runner)
     if runner == "ray":
-        from prefect_ray import RayTaskRunner
-
-        address = os.environ.get("RAY_ADDRESS")  # a running cluster, else a local one is started
-        return RayTaskRunner(address=address) if address else RayTaskRunner()
+        return ray_task_runner()
     from prefect.task_runners import ThreadPoolTaskRunner
 
     return ThreadPoolTaskRunner(max_workers=max_workers or max(4, 2 * (os.cpu_count() or 1)))
@@ -78,6 +165,27 @@ def no_heartbeats() -> Iterator[None]:
 
     with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
+
+
+@functools.cache
+def _ray_runner_class():
+    from prefect_ray import RayTaskRunner
+
+    class LoopbackRayTaskRunner(RayTaskRunner):
+        """prefect-ray's runner whose `ray.init` arguments are made when it starts (`ray_init_kwargs`): the Prefect
+        API the workers must use is known only once this process has one."""
+
+        def __enter__(self):
+            address = os.environ.get("RAY_ADDRESS", "").strip() or None
+            self.address = address
+            self.init_kwargs = {"namespace": "prefect", **ray_init_kwargs(address)}
+            return super().__enter__()
+
+    return LoopbackRayTaskRunner
+
+
+def ray_task_runner():
+    return _ray_runner_class()()
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ app = typer.Typer(
 # Modules under rlhfops/commands that define `register(app)`. Order is the order in --help.
 COMMAND_MODULES: list[str] = [
     "simulate", "detect", "health", "bench", "train", "canary", "nightly", "report", "traces", "platform",
-    "resume", "sweep",
+    "resume", "sweep", "stack",
 ]
 
 
@@ -98,6 +98,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
                "continues from ..."),
     "sweep": ("sweep", "Run a sweep: Optuna samples the settings, each trial is a PPO job on the sweep's GPU slots, "
               "the platform's ..."),
+    "stack": ("stack", "A local PostgreSQL-backed stack: Prefect server, MLflow server, Optuna storage."),
 }
 
 for _name in COMMAND_MODULES:

@@ -40,6 +40,10 @@ class Clock:
         with self._lock:
             self.spans = {}
 
+    def __reduce__(self):
+        # Ray pickles a task's function by value, globals included: in another process it is that process's clock
+        return (process_clock, ())
+
     @contextmanager
     def span(self, kind: str) -> Iterator[None]:
         t0 = time.time()
@@ -66,6 +70,10 @@ class Clock:
 
 
 clock = Clock()
+
+
+def process_clock() -> Clock:
+    return clock
 
 
 class StageTimes:

@@ -222,7 +222,7 @@ def test_k8s_template_requests_gpus_and_declares_every_placeholder():
     assert used <= declared, used - declared
     container = t["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "{{ gpu_count }}"
-    assert t["variables"]["properties"]["gpu_count"]["default"] >= 1
+    assert int(t["variables"]["properties"]["gpu_count"]["default"]) >= 1
 
 
 def test_prefect_yaml_declares_the_four_deployments():
