@@ -12,7 +12,7 @@ recorded but never move the state (that is what demoting a noisy alert is for). 
 carries exactly one failure class (eval/attribution.py) and a reason a customer can act on.
 
 The enums are part of the public API and append-only: add members at the end, never rename, reorder
-or remove them (clients already depend on them; tests/test_states.py pins the published prefix).
+or remove them (clients already depend on them; tests/eval/test_states.py pins the published prefix).
 Illegal transitions raise `IllegalTransition`.
 """
 

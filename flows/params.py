@@ -2,7 +2,7 @@
 
 Prefect builds a deployment's form from the flow's signature (`prefect.utilities.callables.parameter_schema`):
 a `Literal` becomes a drop-down of its values, and the `Args:` section of the flow's docstring becomes each
-field's description. The choices here mirror the registries in the domain code; tests/test_flow_forms.py
+field's description. The choices here mirror the registries in the domain code; tests/flows/test_flow_forms.py
 fails when they drift apart.
 """
 

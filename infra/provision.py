@@ -264,7 +264,7 @@ def worker_death(fn: Callable[..., Any], err: BaseException) -> Exception:
         return WorkerStartError(
             f"a compute-pool process died starting {fn.__module__}.{fn.__name__} ({type(err).__name__}); a fresh "
             f"process with the same sys.path fails with: {cause} (a module on sys.path shadowing a standard-library "
-            "or installed one does this: see tests/test_module_names.py)")
+            "or installed one does this: see tests/flows/test_module_names.py)")
     return WorkerProcessDied(f"a compute-pool process died running {fn.__module__}.{fn.__name__} "
                              f"({type(err).__name__}: {err}); a fresh process starts fine, so it was likely killed "
                              "(out of memory?)")

@@ -3,7 +3,7 @@
 Start-up is lazy: `LAZY_COMMANDS` names each command's module and one-line help, so `rlhfops --help` imports no
 command module and `rlhfops simulate ...` imports only `rlhfops/commands/simulate.py` (which imports its heavy
 libraries inside the functions that need them). A module in `COMMAND_MODULES` that `LAZY_COMMANDS` does not
-name is imported and registered at start-up, as before. `tests/test_cli_startup.py` keeps the help lines equal
+name is imported and registered at start-up, as before. `tests/cli/test_cli_startup.py` keeps the help lines equal
 to the commands' own docstrings.
 """
 

@@ -194,7 +194,7 @@ class TrainConfig(Strict):
         return self
 
 
-#: ByT5's byte-level tokenizer: 256 bytes + pad, eos, unk (tests/test_bad_input.py checks it against the tokenizer)
+#: ByT5's byte-level tokenizer: 256 bytes + pad, eos, unk (tests/cli/test_bad_input.py checks it against the tokenizer)
 BYTE_VOCAB = 259
 #: prompts are at most this many tokens (training/models.py: positions = 32 + 2 * max_new_tokens)
 PROMPT_POSITIONS = 32

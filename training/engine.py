@@ -16,7 +16,7 @@ never been run: treat it as a sketch until a GPU test exercises it.
 - kind "reward" (reward model): the head's output *at* column c; a row's score is the value at its last
   real token, which is exactly what `*ForSequenceClassification` pools.
 Outputs for a token need the logits of the *previous* column; the scorer carries that last column
-between chunks, so streamed outputs equal one full-sequence pass (tests/test_training_engine.py).
+between chunks, so streamed outputs equal one full-sequence pass (tests/training/test_training_engine.py).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ def fault_config(cache_dir, **fault) -> TrainConfig:
         "reward": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
         "task": {"n_train_prompts": 24, "n_heldout_prompts": 8, "n_pairs": 32, "rm_epochs": 1, "sft_steps": 40,
                  "long_mean_len": 10.0},
-        # one epoch, one minibatch: an on-policy update has approx_kl == 0 exactly (tests/test_oracle_ppo.py)
+        # one epoch, one minibatch: an on-policy update has approx_kl == 0 exactly (tests/training/test_oracle_ppo.py)
         "ppo": {"batch_size": 6, "max_new_tokens": 16, "num_ppo_epochs": 1, "num_mini_batches": 1},
         "oppo": {"tune_chunk": False, "adaptive_delta": False},
         "checkpoint_every": 100, "eval_every": 100, "eval_prompts": 8,

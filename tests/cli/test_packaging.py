@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ["common", "configs", "training", "scheduling", "eval", "infra", "tasks", "flows", "rlhfops"]
 
 

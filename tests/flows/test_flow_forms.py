@@ -15,7 +15,7 @@ import pytest
 import yaml
 from prefect.utilities.callables import parameter_schema
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 INTERNAL_KNOBS = {"fail_rate", "fault_seed", "retry_delay_s", "parent_run_id", "progress_stage"}
 
 

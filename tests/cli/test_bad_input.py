@@ -20,7 +20,7 @@ import yaml
 from common.errors import BadInput
 from rlhfops import cli
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class WorkStarted(BaseException):

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from common.config import config_dir, config_path, flatten, load_config, parse_overrides
 from common.errors import BadInput
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Inner(BaseModel):

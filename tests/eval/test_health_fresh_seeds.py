@@ -54,7 +54,7 @@ def test_allowed_false_positives_is_a_real_bound():
 
 def test_recorded_rates_meet_the_bar(config):
     """An upper bound on what may be recorded: retuning to a noisy threshold and re-recording its rate
-    (which keeps tests/test_health_config.py green) fails here."""
+    (which keeps tests/eval/test_health_config.py green) fails here."""
     for name, a in config.alerts.items():
         if a.severity == "paging":
             assert a.false_positive_rate.rate <= PAGING_FPR_BAR, name

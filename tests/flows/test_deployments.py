@@ -2,7 +2,7 @@
 a process work pool, `prefect --no-prompt deploy --all` from the repository root, `prefect worker start`, then
 `run_deployment` for each deployment. Each flow run must end Completed, and MLflow must hold what it wrote.
 
-In-process flows (tests/test_flows_e2e.py) never saw what only a worker does: it loads the entrypoint with
+In-process flows (tests/flows/test_flows_e2e.py) never saw what only a worker does: it loads the entrypoint with
 `flows/` first on `sys.path` and runs each flow run in a fresh process that spawns the compute pool. Every
 process started here is stopped by its process group, also when the test fails.
 """
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PREFECT = str(Path(sys.executable).parent / "prefect")
 POOL = "local-process"  # prefect.yaml's work pool
 #: the nightly-sweep run, trimmed so CI stays short: the matrix on the compute pool (what died under a worker)
-#: and the RLHF job as a subflow; the canaries, detectors and platform round run in tests/test_flows_e2e.py
+#: and the RLHF job as a subflow; the canaries, detectors and platform round run in tests/flows/test_flows_e2e.py
 NIGHTLY = {"quick": True, "experiments": ["E1"], "seeds": [42], "detectors": False, "job_steps": 4,
            "job_overrides": {"task.n_pairs": 200, "task.sft_steps": 60, "ppo.batch_size": 8,
                              "ppo.max_new_tokens": 16},

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: what a process may have imported before it asks the registry (the old side-effect path included)
 FIRST_IMPORTS = {

@@ -224,7 +224,7 @@ def test_train_on_a_locked_run_directory_exits_2_before_any_work(tmp_path):
     t0 = time.time()
     with locked_run_dir(out):
         r = subprocess.run([*RLHFOPS, "train", "configs/ppo-tiny.yaml", "--out", str(out)], capture_output=True,
-                           text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+                           text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --out: run directory") and "in use by pid" in lines[0]

@@ -230,7 +230,7 @@ def test_prefect_yaml_declares_the_four_deployments():
 
     import yaml
 
-    spec = yaml.safe_load((Path(__file__).resolve().parents[1] / "prefect.yaml").read_text())
+    spec = yaml.safe_load((Path(__file__).resolve().parents[2] / "prefect.yaml").read_text())
     deps = {d["name"]: d for d in spec["deployments"]}
     assert set(deps) == {"nightly-sweep", "rlhf-job", "simulate", "evaluate", "sweep"}
     assert deps["nightly-sweep"]["schedules"][0]["cron"] == "0 2 * * *"

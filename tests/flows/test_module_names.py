@@ -12,7 +12,7 @@ import sys
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OWN_DISTRIBUTION = "rlhfops"
 
 

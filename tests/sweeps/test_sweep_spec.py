@@ -16,7 +16,7 @@ GOOD = {
     "budget": {"gpu_hours": 1.0, "wall_s": 600}, "pruning": {"detector": "default"},
 }
 
-REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def _run_cli(args, monkeypatch, capsys) -> tuple[int, str]:

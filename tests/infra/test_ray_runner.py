@@ -1,6 +1,6 @@
 """`--runner ray`: the choice of Ray resources for a training task, the RAY_ADDRESS check, and a real local Ray head
 (loopback, started and shut down by the task runner) whose workers report what Ray assigned them. That the
-nightly's results on Ray equal the thread runner's is tests/test_stack.py's slow test."""
+nightly's results on Ray equal the thread runner's is tests/infra/test_stack.py's slow test."""
 
 from __future__ import annotations
 
