@@ -115,6 +115,8 @@ class NightlyResult:
     canaries: pd.DataFrame | None = None
     #: the platform round's return (`platform_round`)
     platform: dict[str, Any] | None = None
+    #: the sweep's summary (`flows.sweep.sweep_internal`'s return)
+    sweep: dict[str, Any] | None = None
     #: tonight vs the last nightly, with where the time went
     report: str = ""
     #: the flow's wall, work, tracking and orchestration seconds
@@ -223,8 +225,47 @@ def stage_canaries(names: list[str], steps: int, fault_at: int, cache_dir: str, 
     return canary_df
 
 
+#: the sweep stage's spec, and its trials in a quick nightly (the spec's own count otherwise)
+NIGHTLY_SWEEP_SPEC = "configs/sweeps/example.yaml"
+QUICK_SWEEP_TRIALS = 2
+
+
+def nightly_sweep_spec(spec: str, out: Path, flow_run_id: str, mlflow_experiment: str) -> dict[str, Any]:
+    """Tonight's copy of a sweep spec: a study of its own (the spec's name + this flow run), its trials and SQLite
+    study under the nightly's output directory, so each nightly starts a fresh study and never trips over last
+    night's (a spec with a database `storage` keeps it: the name keeps the studies apart)."""
+    from common.config import config_path
+    from common.validate import read_yaml_mapping
+
+    path = config_path(spec)
+    raw = read_yaml_mapping(path, "sweep_spec")
+    raw["name"] = f"{raw.get('name', 'sweep')}-nightly-{flow_run_id[:8]}"
+    raw["out_dir"] = str(out / "sweep")
+    raw["mlflow_experiment"] = mlflow_experiment  # nested under the nightly's run, so in its experiment
+    if isinstance(raw.get("base"), str) and not Path(raw["base"]).is_file() and (path.parent / raw["base"]).is_file():
+        raw["base"] = str(path.parent / raw["base"])
+    return raw
+
+
+def stage_sweep(spec: str, trials: int | None, out: Path, res: NightlyResult, mlflow_experiment: str) -> dict[str, Any]:
+    """6. A team's sweep (the example spec: kl_coef x actor_lr, pruned by the platform's default detector) as a
+    subflow, its MLflow parent run nested under the nightly's."""
+    import shutil
+
+    import yaml
+
+    from flows.sweep import sweep_internal
+
+    shutil.rmtree(out / "sweep", ignore_errors=True)  # last night's trials and study: tonight's is a new study
+    tonight = out / "sweep-spec.yaml"
+    raw = nightly_sweep_spec(spec, out, res.flow_run_id, mlflow_experiment)
+    tonight.write_text(yaml.safe_dump(raw, sort_keys=False))
+    progress.reporter.stage("sweep", total=None)
+    return sweep_internal(spec=str(tonight), trials=trials, parent_run_id=res.run_id)
+
+
 def stage_report(mlflow_experiment: str, run_id: str, t_start: float, times: StageTimes, out: Path) -> str:
-    """6. Tonight vs the last nightly (MLflow queries), with where the time went so far; written to report.md and
+    """7. Tonight vs the last nightly (MLflow queries), with where the time went so far; written to report.md and
     a Prefect markdown artifact."""
     with clock.span("tracking"):  # MLflow queries
         rep = nightly_report(mlflow_experiment, tonight_id=run_id)
@@ -250,6 +291,9 @@ def nightly_sweep_internal(
     platform: bool = True,
     platform_steps: int | None = None,
     platform_jobs: list[dict[str, Any]] | None = None,
+    sweep: bool = True,
+    sweep_spec: str = NIGHTLY_SWEEP_SPEC,
+    sweep_trials: int | None = None,
     runner: str = "thread",
     workers: int | None = None,
     out_dir: str = "results/nightly",
@@ -281,12 +325,16 @@ def nightly_sweep_internal(
     steps = job_steps or NIGHTLY_JOB_STEPS[quick]
     out = Path(out_dir)
     validate_nightly(workers, seeds, out, cache_dir)
+    if sweep:  # the spec, every varied field against the job config, its pruner and price: before any stage runs
+        from tasks.sweep import prepare
+
+        prepare(sweep_spec, sweep_trials)
     out.mkdir(parents=True, exist_ok=True)
     times = StageTimes()
     with parent_run("nightly", f"nightly {time.strftime('%Y-%m-%d %H:%M')}", mlflow_experiment, tenant="platform",
                     params={"quick": quick, "experiments": ",".join(exps), "seeds": ",".join(map(str, seeds)),
                             "runner": runner, "job_steps": steps if job else 0, "canaries": ",".join(canary_names),
-                            "platform": platform, "fail_rate": fail_rate},
+                            "platform": platform, "sweep": sweep_spec if sweep else "", "fail_rate": fail_rate},
                     fail_rate=fail_rate, fault_seed=fault_seed, retry_delay_s=retry_delay_s) as run, \
             no_heartbeats():  # the job's and platform's subflows run in this process: no heartbeat thread each
         chaos = Chaos(fail_rate, fault_seed, retry_delay_s)
@@ -304,6 +352,10 @@ def nightly_sweep_internal(
             with times.stage("canaries"):
                 res.canaries = stage_canaries(canary_names, canary_steps, fault_at, cache_dir, out, res,
                                               mlflow_experiment)
+        if sweep:
+            with times.stage("sweep"):
+                res.sweep = stage_sweep(sweep_spec, sweep_trials or (QUICK_SWEEP_TRIALS if quick else None), out,
+                                        res, mlflow_experiment)
         if platform:
             with times.stage("platform"):
                 res.platform = platform_round(jobs=platform_jobs, steps=platform_steps or (12 if quick else 24),
@@ -338,6 +390,9 @@ def nightly_sweep(
     platform: bool = True,
     platform_steps: int | None = None,
     platform_jobs: list[dict[str, Any]] | None = None,
+    sweep: bool = True,
+    sweep_spec: str = NIGHTLY_SWEEP_SPEC,
+    sweep_trials: int | None = None,
     runner: RunnerKind = "thread",
     workers: int | None = None,
     out_dir: str = "results/nightly",
@@ -362,6 +417,9 @@ def nightly_sweep(
         platform: run a live multi-tenant platform round.
         platform_steps: PPO steps per platform job (empty: 12 quick, 24 full).
         platform_jobs: the round's jobs as {tenant, name, overrides, gpus?, steps_factor?} (empty: five tenants).
+        sweep: run a sweep (a fresh Optuna study per nightly, trials on GPU slots, pruned by the default detector).
+        sweep_spec: the sweep spec (YAML; see configs/sweeps/example.yaml).
+        sweep_trials: trials of the sweep (empty: 2 quick, the spec's own otherwise).
         runner: where the simulation units run: thread (this process and its compute pool) or ray.
         workers: processes of the compute pool (empty: one per core).
         out_dir: where the nightly's CSVs, plots and report go.
@@ -371,7 +429,8 @@ def nightly_sweep(
     return nightly_sweep_internal.fn(
         quick=quick, experiments=experiments, seeds=seeds, detectors=detectors, job=job, job_steps=job_steps,
         job_overrides=job_overrides, canaries=canaries, canary_steps=canary_steps, platform=platform,
-        platform_steps=platform_steps, platform_jobs=platform_jobs, runner=runner, workers=workers,
+        platform_steps=platform_steps, platform_jobs=platform_jobs, sweep=sweep, sweep_spec=sweep_spec,
+        sweep_trials=sweep_trials, runner=runner, workers=workers,
         out_dir=out_dir, cache_dir=cache_dir, mlflow_experiment=mlflow_experiment)
 
 

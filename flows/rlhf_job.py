@@ -188,8 +188,11 @@ def rlhf_job_internal(
             "cost_usd_all_segments": float(frame["cost"].sum()) if len(frame) else 0.0,
         }
         failure = status.failure.value if status.failure else ""
+        # a paused run's state keeps the gate's verdict; what a tenant reads is its attribution (step, verdict, and
+        # that resuming continues from the kept checkpoint)
+        reason = sup.attribution.reason if status.state is RunState.PAUSED_BY_GATE else status.reason
         tags = {"run_state": status.label, "final_state": status.state.value, "failure_class": failure,
-                "reason": status.reason[:500], "decision": outcome.decision,
+                "reason": reason[:500], "decision": outcome.decision,
                 "alerts": json.dumps([e.alert for e in sup.events]),
                 "slots_backend": slots.backend, "state_history": json.dumps(sup.machine.labels())[:5000]}
         if paused is not None:
@@ -204,7 +207,7 @@ def rlhf_job_internal(
         (out / JOB_DONE).write_text(json.dumps({**job_record(outcome), "tenant": tenant, "name": name,
                                                 "detector": detector, "overlap": overlap, "gpus": gpus}))
     summary = {"job": job, "tenant": tenant, "run_id": run_id, "state": status.label, "decision": outcome.decision,
-               "failure_class": failure, "reason": status.reason, "best": best, "registry": registry,
+               "failure_class": failure, "reason": reason, "best": best, "registry": registry,
                "metrics": job_metrics, "out_dir": str(out), "history": sup.machine.labels(),
                "resumed_from": paused.__dict__ if paused is not None else None}
     job_artifact(summary, mlflow_experiment)

@@ -103,7 +103,7 @@ def check_config(cfg: StackConfig) -> None:
             raise BadInput(f"{name}: {HOST}:{port} is already in use; pick another port (or `rlhfops stack down` "
                            "the stack that holds it)")
     if cfg.root.exists() and not cfg.root.is_dir():
-        raise BadInput(f"dir: {cfg.root} exists and is not a directory; pick another --dir")
+        raise BadInput(f"dir: {cfg.root} exists and is not a directory; pick another dir")
 
 
 def port_free(port: int) -> bool:
@@ -271,7 +271,7 @@ def _check_reachable(path: Path, account: pwd.struct_passwd | None) -> None:
             continue
         if not st.st_mode & 0o001:
             raise BadInput(f"dir: PostgreSQL runs as user '{account.pw_name}' here (it refuses root) and cannot "
-                           f"enter {parent} (mode {oct(st.st_mode & 0o777)}); pick a --dir it can reach")
+                           f"enter {parent} (mode {oct(st.st_mode & 0o777)}); pick a dir it can reach")
 
 
 def _pg_run(cfg: StackConfig, tool: str, args: list[str], account, timeout: float = 120) -> str:

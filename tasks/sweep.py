@@ -148,10 +148,15 @@ def run_sweep(spec, ledger, *, prune: bool = True, resume: bool = False, on_even
               base_dir: Path | None = None, trial_fn=None) -> dict[str, Any]:
     """Run a prepared sweep with MLflow tracking and the tenant's ledger."""
     from sweeps.runner import SweepRunner, run_trial
+    from tasks.timing import clock
+
+    def timed_trial(*args, **kwargs):
+        with clock.span("work"):  # the nightly's overhead accounting: a trial's training is domain work
+            return (trial_fn or run_trial)(*args, **kwargs)
 
     tracker = MlflowSweepTracker(ledger, parent_run_id, flow_tags)
     runner = SweepRunner(spec, prune=prune, resume=resume, tracker=tracker, ledger=ledger, on_event=on_event,
-                         slot=slot, base_dir=base_dir, trial_fn=trial_fn or run_trial)
+                         slot=slot, base_dir=base_dir, trial_fn=timed_trial)
     summary = runner.run()
     summary["mlflow_run_id"] = tracker.run_id
     return summary

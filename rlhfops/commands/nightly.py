@@ -56,6 +56,9 @@ def register(app: typer.Typer) -> None:
         no_detectors: bool = typer.Option(False, "--no-detectors", help="skip the detector comparison"),
         no_job: bool = typer.Option(False, "--no-job", help="skip the RLHF job and its checkpoint evaluation"),
         no_platform: bool = typer.Option(False, "--no-platform", help="skip the live multi-tenant platform round"),
+        no_sweep: bool = typer.Option(False, "--no-sweep", help="skip the sweep stage"),
+        sweep_spec: str = typer.Option("configs/sweeps/example.yaml", "--sweep-spec", help="the sweep stage's spec "
+                                       "(2 trials with --quick, the spec's own count otherwise)"),
         job_steps: int = typer.Option(None, "--job-steps", help="PPO steps of the nightly's RLHF job "
                                       "(default: 24 quick, 60 full)"),
         canaries: str = typer.Option(None, "--canaries", help="comma-separated canaries to run, or 'none' "
@@ -104,7 +107,8 @@ def register(app: typer.Typer) -> None:
         res = run_flow(console, nightly_sweep_internal, "nightly", server,
                        quick=quick, experiments=split_list(experiments), seeds=seed_list, detectors=not no_detectors,
                        job=not no_job, job_steps=job_steps, canaries=split_list(canaries), platform=not no_platform,
-                       runner=runner, workers=workers, out_dir=str(out), cache_dir=cache_dir, fail_rate=fail_rate)
+                       sweep=not no_sweep, sweep_spec=sweep_spec, runner=runner, workers=workers, out_dir=str(out),
+                       cache_dir=cache_dir, fail_rate=fail_rate)
         process = clock.breakdown(t_process, time.time())
         T.log_metrics(res.run_id, {"process_wall_s": process["wall_s"],
                                       "process_orchestration_s": process["orchestration_s"],
@@ -140,6 +144,12 @@ def print_summary(console, res, process: dict, uri: str) -> None:
         table.add_row("platform round", f"{len(jobs)} tenant jobs on {pf['slots']}: "
                       f"{int((jobs.decision == 'stopped').sum())} stopped by the scheduler, makespan "
                       f"{pf['metrics']['makespan_s']:.0f} s (results/…/platform/jobs.csv)")
+    sw = res.sweep
+    if sw:
+        best = sw.get("best") or {}
+        table.add_row("sweep", f"{sw['trials_done']} trials ({sw['trials_pruned']} pruned, {sw['trials_failed']} "
+                      f"failed), {sw['gpu_seconds'] / 3600:.3f} GPU-h; best trial {best.get('number', '—')} held-out "
+                      f"{best.get('objective', float('nan')):+.3f} ({res.out_dir}/sweep/report/sweep.md)")
     ev = res.evaluation
     if ev:
         table.add_row("checkpoint gate", f"re-scored from the registry: {ev['eval_score']:+.3f} ± {ev['eval_se']:.3f}")

@@ -84,7 +84,8 @@ def test_kill_9_of_a_nightly_then_a_rerun_leaves_no_running_run_no_server_no_ver
 
     env = _env(tmp_path)
     cmd = [PY, "-m", "rlhfops.cli", "nightly", "--quick", "--experiments", "E1", "--seeds", "42", "--no-detectors",
-           "--canaries", "none", "--no-platform", "--job-steps", "12", "--workers", "1", "--out", str(tmp_path / "out"),
+           "--canaries", "none", "--no-platform", "--no-sweep", "--job-steps", "12", "--workers", "1",
+           "--out", str(tmp_path / "out"),
            "--cache-dir", str(tmp_path / "cache")]
     job_dir = tmp_path / "out" / "rlhf-job"
     t0 = time.time()

@@ -28,7 +28,7 @@ POOL = "local-process"  # prefect.yaml's work pool
 NIGHTLY = {"quick": True, "experiments": ["E1"], "seeds": [42], "detectors": False, "job_steps": 4,
            "job_overrides": {"task.n_pairs": 200, "task.sft_steps": 60, "ppo.batch_size": 8,
                              "ppo.max_new_tokens": 16},
-           "canaries": [], "platform": False, "workers": 2}
+           "canaries": [], "platform": False, "sweep": False, "workers": 2}
 
 
 def _free_port() -> int:

@@ -165,7 +165,7 @@ def test_nightly_quick_end_to_end_mlflow_contents(prefect_server, mlflow_store, 
                             job_overrides=TINY_JOB, canaries=["control"], canary_steps=10, platform_steps=6,
                             platform_jobs=[{"tenant": "globex", "name": "a", "overrides": TINY_JOB},
                                            {"tenant": "initech", "name": "b", "overrides": TINY_JOB}],
-                            out_dir=str(tmp_path / "n1"), cache_dir=str(tmp_path / "cache"), workers=1,
+                            sweep=False, out_dir=str(tmp_path / "n1"), cache_dir=str(tmp_path / "cache"), workers=1,
                             return_state=True)
     assert state.is_completed(), state.message
     res = state.result()
@@ -216,7 +216,7 @@ def test_nightly_quick_end_to_end_mlflow_contents(prefect_server, mlflow_store, 
 
     # a second night (simulation only): the report now compares it with the first
     state2 = N.nightly_sweep(quick=True, experiments=["E2"], seeds=[42], detectors=False, job=False, canaries=[],
-                             platform=False, out_dir=str(tmp_path / "n2"), workers=1, return_state=True)
+                             platform=False, sweep=False, out_dir=str(tmp_path / "n2"), workers=1, return_state=True)
     assert state2.is_completed(), state2.message
     rep = T.nightly_report(tonight_id=state2.result().run_id)
     assert rep["last"].run_id == n.run_id
@@ -226,3 +226,16 @@ def test_nightly_quick_end_to_end_mlflow_contents(prefect_server, mlflow_store, 
     tenants = rep["tenants"]
     assert {"acme", "globex", "initech"} <= set(tenants["tenant"])  # last night's tenants, none tonight
     assert tenants[tenants.metric == "cost_usd"]["tonight"].isna().all()
+
+    # a third night with only its sweep stage (one trial of the example spec): the sweep's MLflow parent run is
+    # nested under the nightly's, its trial under the sweep's, and the nightly times the stage
+    state3 = N.nightly_sweep(quick=True, experiments=["E1"], seeds=[42], detectors=False, job=False, canaries=[],
+                             platform=False, sweep_trials=1, out_dir=str(tmp_path / "n3"),
+                             cache_dir=str(tmp_path / "cache"), workers=1, return_state=True)
+    assert state3.is_completed(), state3.message
+    res3 = state3.result()
+    assert res3.sweep["trials_done"] == 1 and res3.stages["sweep_s"] > 0
+    sweep_run = T.client().get_run(res3.sweep["mlflow_run_id"])
+    assert sweep_run.data.tags[T.PARENT_TAG] == res3.run_id
+    trials = _runs("sweep-trial")
+    assert len(trials) == 1 and trials.iloc[0][f"tags.{T.PARENT_TAG}"] == sweep_run.info.run_id

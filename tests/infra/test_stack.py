@@ -98,7 +98,7 @@ def ray_processes() -> list[int]:
 #: this base it fails on either runner (scheduling/detector_report.render wants columns, useful_recall and others,
 #: that flows/nightly.detector_comparison does not average)
 NIGHTLY_ARGS = ["nightly", "--quick", "--experiments", "E1", "--seeds", "42", "--job-steps", "8",
-                "--canaries", "control", "--no-detectors"]
+                "--canaries", "control", "--no-detectors", "--no-sweep"]
 
 
 @pytest.mark.slow
