@@ -70,6 +70,13 @@ def load_config(model: type[Model], source: str | Path | Mapping[str, Any], over
     return validate_with_overrides(model, raw, dict(overrides or {}), label)
 
 
+def read_config_mapping(path: str | Path, field: str = "config") -> tuple[dict[str, Any], Path]:
+    """A config file's raw mapping (not yet validated: for a caller that rewrites some keys before validating) and
+    the path it was read from (`config_path`: a missing `configs/<name>` resolves to the shipped copy)."""
+    resolved = config_path(path)
+    return read_yaml_mapping(resolved, field), resolved
+
+
 def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
     """`key.path=value` strings (values parsed as YAML scalars) into dotted overrides."""
     import yaml

@@ -234,11 +234,9 @@ def nightly_sweep_spec(spec: str, out: Path, flow_run_id: str, mlflow_experiment
     """Tonight's copy of a sweep spec: a study of its own (the spec's name + this flow run), its trials and SQLite
     study under the nightly's output directory, so each nightly starts a fresh study and never trips over last
     night's (a spec with a database `storage` keeps it: the name keeps the studies apart)."""
-    from common.config import config_path
-    from common.validate import read_yaml_mapping
+    from common.config import read_config_mapping
 
-    path = config_path(spec)
-    raw = read_yaml_mapping(path, "sweep_spec")
+    raw, path = read_config_mapping(spec, "sweep_spec")
     raw["name"] = f"{raw.get('name', 'sweep')}-nightly-{flow_run_id[:8]}"
     raw["out_dir"] = str(out / "sweep")
     raw["mlflow_experiment"] = mlflow_experiment  # nested under the nightly's run, so in its experiment
