@@ -93,9 +93,15 @@ def test_kill_9_of_a_nightly_then_a_rerun_leaves_no_running_run_no_server_no_ver
     nightly = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
     server_pid = None
     try:
+        def cmdline(proc) -> str:
+            try:
+                return " ".join(proc.cmdline())
+            except (psutil.NoSuchProcess, psutil.AccessDenied):  # a short-lived child ended while we looked
+                return ""
+
         def server():
             kids = psutil.Process(nightly.pid).children(recursive=True)
-            return next((k.pid for k in kids if "uvicorn" in " ".join(k.cmdline())), None)
+            return next((k.pid for k in kids if "uvicorn" in cmdline(k)), None)
 
         server_pid = _wait_for(server, 300, "the temporary Prefect server", proc=nightly)
         _wait_for(lambda: (job_dir / "checkpoints" / "step-000004").exists(), 600, "the job's first checkpoint",
