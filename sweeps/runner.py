@@ -114,26 +114,19 @@ def run_trial(job_config, observer: Observer | None = None, *, out_dir: str | Pa
 
 class _TrialHooks(JobHooks):
     """The lifecycle's in-process hooks, except that a checkpoint which cannot be scored (diverged weights) is
-    skipped rather than failing the trial: a sweep explores settings that diverge."""
-
-    def start_worker(self, spec):
-        from training.trainer import Trainer
-
-        return Trainer(spec.config, spec.overlap, spec.out_dir, resume=False)
+    skipped rather than failing the trial: a sweep explores settings that diverge. (The worker is the lifecycle's
+    own: `run_trial` empties the trial's directory first, so it starts fresh.)"""
 
     def score(self, spec, checkpoints):
         from training.lifecycle import step_of
-        from training.trainer import gold_eval
 
         out = []
         for ckpt in checkpoints:
-            row = {"checkpoint": ckpt, "step": step_of(ckpt), "eval_score": math.nan, "eval_se": math.nan}
             try:
-                g = gold_eval(ckpt)
-                row.update(eval_score=g.mean, eval_se=g.se)
+                out += super().score(spec, [ckpt])
             except Exception as err:  # noqa: BLE001 - a diverged checkpoint (NaN weights) cannot be kept: skip it
-                row["error"] = f"{type(err).__name__}: {err}"
-            out.append(row)
+                out.append({"checkpoint": ckpt, "step": step_of(ckpt), "eval_score": math.nan,
+                            "eval_se": math.nan, "error": f"{type(err).__name__}: {err}"})
         return out
 
 

@@ -54,3 +54,24 @@ def mlflow_store(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     return T.init_store()
+
+
+class StopThirdEarly:
+    """A gate detector: a monitor says stop at its third checkpoint if that checkpoint is at step <= 6. Each
+    `start()` is a fresh monitor, so a resumed run's gate only stops on checkpoints seen after the resume."""
+
+    def start(self):
+        seen = []
+
+        class Monitor:
+            def observe(self, cp):
+                seen.append(cp.step)
+                return len(seen) == 3 and cp.step <= 6
+
+        return Monitor()
+
+
+@pytest.fixture
+def stop_third_early():
+    """The gate detector of the pause-then-resume tests (the lifecycle's and the flow's)."""
+    return StopThirdEarly

@@ -17,30 +17,16 @@ from infra import tracking as T
 TINY_JOB = {"task.n_pairs": 200, "task.sft_steps": 60, "ppo.batch_size": 16, "ppo.max_new_tokens": 24}
 
 
-class StopThirdEarly:
-    """The gate: a fresh monitor says stop at its third checkpoint if that is at step <= 6."""
-
-    def start(self):
-        seen = []
-
-        class Monitor:
-            def observe(self, cp):
-                seen.append(cp.step)
-                return len(seen) == 3 and cp.step <= 6
-
-        return Monitor()
-
-
 @pytest.mark.slow
 def test_rlhf_job_paused_by_the_gate_resumes_from_its_kept_checkpoint(prefect_server, mlflow_store, tmp_path,
-                                                                      warm_start_cache, monkeypatch):
+                                                                      warm_start_cache, monkeypatch, stop_third_early):
     """Two 10-step flow runs on one run directory, about 2 minutes here."""
     import eval.detectors
     from flows.nightly import nightly_job_config
     from flows.rlhf_job import JOB_DONE
     from flows.rlhf_job import rlhf_job_internal as rlhf_job
 
-    monkeypatch.setattr(eval.detectors, "make_detector", lambda name, **kw: StopThirdEarly())
+    monkeypatch.setattr(eval.detectors, "make_detector", lambda name, **kw: stop_third_early())
     raw = nightly_job_config(10, str(warm_start_cache))
     raw.update(eval_every=2, checkpoint_every=2)
     out = tmp_path / "job"

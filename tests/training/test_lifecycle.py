@@ -77,24 +77,10 @@ def test_a_pausable_job_pauses_at_the_observers_checkpoint_with_the_reason():
     assert out.status.step == 4 and "paused at step 4" in out.supervisor.attribution.reason
 
 
-class StopThirdEarly:
-    """A gate detector: a monitor says stop at its third checkpoint if that checkpoint is at step <= 6. Each
-    `start()` is a fresh monitor, so a resumed run's gate only stops on checkpoints seen after the resume."""
-
-    def start(self):
-        seen = []
-
-        class Monitor:
-            def observe(self, cp):
-                seen.append(cp.step)
-                return len(seen) == 3 and cp.step <= 6
-
-        return Monitor()
-
-
 @pytest.mark.slow
 def test_pause_then_resume_continues_from_the_kept_checkpoint_and_charges_each_step_once(tmp_path,
-                                                                                        warm_start_cache):
+                                                                                        warm_start_cache,
+                                                                                        stop_third_early):
     """A real 10-step PPO run (gate and checkpoint every 2 steps) paused by its gate at step 6, the best checkpoint
     (step 2, by the scores the test gives) kept; resumed from step 2 it runs steps 3-10 and succeeds. About 40 s."""
     from eval.health import Catalog
@@ -127,7 +113,7 @@ def test_pause_then_resume_continues_from_the_kept_checkpoint_and_charges_each_s
 
     def supervisor(run_id):
         monitor = Catalog.from_file(None, algorithm="ppo").start(tenant="acme")
-        return RunSupervisor(run_id, "acme", monitor, gate_detector=StopThirdEarly(), ledger=ledger, gpu_kind="cpu")
+        return RunSupervisor(run_id, "acme", monitor, gate_detector=stop_third_early(), ledger=ledger, gpu_kind="cpu")
 
     spec1 = JobSpec(tenant="acme", name="j", config=cfg, run_id="seg1", out_dir=out, overlap="none", pausable=True)
     first = run_job(spec1, hooks=Hooks("seg1"), supervisor=supervisor("seg1"))
