@@ -35,7 +35,7 @@ class RunSupervisor:
 
     def __init__(
         self, run_id: str, tenant: str | None, monitor: Any, gate_detector: Any = None, ledger: Any = None,
-        metrics: Any = None, gpu_kind: str = "cpu", n_gpus: int = 1,
+        metrics: Any = None, gpu_kind: str = "cpu", n_gpus: int = 1, planned_steps: int | None = None,
     ):
         from eval.states import RunStateMachine
 
@@ -45,6 +45,9 @@ class RunSupervisor:
         self.gate_monitor = gate_detector.start() if gate_detector is not None else None
         self.ledger, self.metrics = ledger, metrics
         self.gpu_kind, self.n_gpus = gpu_kind, n_gpus
+        #: the run's planned length: the gate detector sees each checkpoint's progress (step / planned steps), which
+        #: the default detector's short-run phase needs (it judges a short run only late in its planned length)
+        self.planned_steps = planned_steps
         self.events: list[Any] = []
         self.steps = 0
         #: (paused at step, reason, resumed from checkpoint step) for every pause this run was resumed from
@@ -89,9 +92,10 @@ class RunSupervisor:
             stop = False
             if self.gate_monitor is not None:
                 # the gate's SE and the proxy reward: what the noise-aware detectors scale and test with
+                progress = record.step / self.planned_steps if self.planned_steps else NAN
                 stop = bool(self.gate_monitor.observe(Checkpoint(
                     step=float(record.step), eval_score=gold, eval_se=float(getattr(record, "gold_eval_se", NAN)),
-                    reward=float(getattr(record, "reward_mean", NAN)))))
+                    reward=float(getattr(record, "reward_mean", NAN)), progress=progress)))
             self.machine.on_checkpoint(int(record.step), gate_says_stop=stop)
         self._publish()
         return events

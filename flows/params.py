@@ -13,7 +13,8 @@ from typing import Literal
 #: training.trainer.OVERLAPS
 Overlap = Literal["none", "intra", "inter", "full"]
 #: eval.registry.EARLY_STOP_DETECTORS
-DetectorName = Literal["divergence", "evalstop", "stopat", "lossplateau", "patience", "cusum", "bocpd", "noisepatience"]
+#: (the first is the platform default, eval.registry.DEFAULT_DETECTOR)
+DetectorName = Literal["noisepatience", "divergence", "evalstop", "stopat", "lossplateau", "patience", "cusum", "bocpd"]
 #: scheduling.experiments.EXPERIMENTS
 ExperimentName = Literal["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E8"]
 #: the alert catalog's profiles in configs/alerts.yaml (None: production thresholds)

@@ -82,7 +82,7 @@ def rlhf_job_internal(
     gpus: int = 1,
     cluster_gpus: int = 4,
     gpu_kind: str = "cpu",
-    detector: str = "divergence",
+    detector: str = "noisepatience",
     alerts: str | None = None,
     alert_profile: str | None = None,
     prices: str | None = None,
@@ -224,7 +224,7 @@ def rlhf_job(
     overlap: Overlap = "full",
     steps: int | None = None,
     overrides: dict[str, Any] | None = None,
-    detector: DetectorName = "divergence",
+    detector: DetectorName = "noisepatience",
     gpus: int = 1,
     cluster_gpus: int = 4,
     gpu_kind: str = "cpu",
@@ -250,7 +250,9 @@ def rlhf_job(
         steps: PPO steps (empty: the config's `steps`).
         overrides: dotted config fields to change, e.g. {"ppo.kl_coef": 0.2, "seed": 1}.
         detector: the eval-gate early-stop detector that may pause the job at a checkpoint (eval/detectors.py;
-            divergence: eval slope significantly down while the proxy reward rises).
+            noisepatience, the platform default: held-out score well below its best for several checkpoints, by
+            the run's own noise, while the proxy reward still rises; a short run is judged by the divergence
+            slope test from half-way through its planned steps).
         gpus: GPU worker slots the job holds while it trains.
         cluster_gpus: size of the GPU slot pool (the Prefect global concurrency limit `gpu-slots`).
         gpu_kind: priced GPU kind for the tenant's ledger (a key of gpu_hour in configs/prices.yaml).

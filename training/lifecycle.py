@@ -193,7 +193,8 @@ def make_supervisor(spec: JobSpec, ledger: Any = None, metrics: Any = None, run_
     catalog = Catalog.from_file(spec.alerts, algorithm="ppo", profile=spec.alert_profile)
     gate = make_detector(spec.detector) if spec.detector else None
     return RunSupervisor(run_id or spec.run_id or spec.job, spec.tenant, catalog.start(tenant=spec.tenant),
-                         gate_detector=gate, ledger=ledger, metrics=metrics, gpu_kind=spec.gpu_kind, n_gpus=spec.gpus)
+                         gate_detector=gate, ledger=ledger, metrics=metrics, gpu_kind=spec.gpu_kind, n_gpus=spec.gpus,
+                         planned_steps=spec.steps)
 
 
 def read_history(out_dir: str | Path, upto_step: int) -> list[Any]:

@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
         run_dir: Path = typer.Argument(..., help="the paused job's run directory (runs/jobs/<tenant>/<name>, or "
                                        "<platform out>/<tenant>/<name>)"),
         detector: str = typer.Option(None, "--detector", help="eval-gate detector watching the continuation "
-                                     "(default: the job's own, else divergence)"),
+                                     "(default: the job's own, else the platform default)"),
         steps: int = typer.Option(None, "--steps", help="total PPO steps (default: the job's config)"),
         verbose: bool = typer.Option(False, "--verbose", help="show Prefect's own log lines"),
     ) -> None:
@@ -25,6 +25,7 @@ def register(app: typer.Typer) -> None:
 
         import yaml
 
+        from eval.detectors import DEFAULT_DETECTOR
         from training.lifecycle import JOB_DONE, paused_run
 
         if not (run_dir / JOB_DONE).is_file():
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
         uri = T.init_store()
         res = run_flow(console, rlhf_job_internal, "resume", server, config=config, tenant=done["tenant"],
                        name=done["name"], overlap=done.get("overlap") or "full", steps=steps,
-                       detector=detector or done.get("detector") or "divergence", gpus=int(done.get("gpus") or 1),
+                       detector=detector or done.get("detector") or DEFAULT_DETECTOR, gpus=int(done.get("gpus") or 1),
                        out_dir=str(run_dir), resume_paused=True)
         console.print(f"{res['job']}: {res['state']} after {res['metrics']['steps']} steps "
                       f"(resumed from step {res['resumed_from']['best_step']}); states: {' -> '.join(res['history'])}")

@@ -53,6 +53,7 @@ def test_the_form_describes_every_field_and_hides_internal_knobs(deployment):
 
 
 def test_choices_match_the_domain_registries():
+    from eval.detectors import DEFAULT_DETECTOR
     from eval.registry import EARLY_STOP_DETECTORS
     from infra.provision import RUNNERS
     from scheduling.experiments import EXPERIMENTS
@@ -62,7 +63,7 @@ def test_choices_match_the_domain_registries():
     job = _schema("flows/rlhf_job.py:rlhf_job")
     assert sorted(_enum(job["overlap"])) == sorted(OVERLAPS)
     assert sorted(_enum(job["detector"])) == sorted(EARLY_STOP_DETECTORS)
-    assert _enum(job["detector"])[0] == job["detector"]["default"] == "divergence"
+    assert _enum(job["detector"])[0] == job["detector"]["default"] == DEFAULT_DETECTOR
     assert _enum(_schema("flows/simulate.py:scheduling_experiment")["experiment"]) == EXPERIMENTS
     nightly = _schema("flows/nightly.py:nightly_sweep")
     assert _enum(nightly["experiments"]) == EXPERIMENTS
