@@ -34,7 +34,7 @@ from scheduling.live import LiveRound
 from tasks.timing import clock
 from tasks.tracking import parent_run
 from tasks.training import PrefectJobHooks, resolve_train_config
-from training.lifecycle import JOB_DONE, JobSpec, job_record, run_job
+from training.lifecycle import JOB_DONE, JobSpec, job_record, paused_run, rewind_to, run_job
 
 #: the default round: five tenants, one job each; two are set up to over-optimise the proxy reward
 DEFAULT_JOBS: list[dict[str, Any]] = [
@@ -90,23 +90,28 @@ class RoundContext:
 
 
 @task(name="platform-job", task_run_name="job {spec[tenant]}/{spec[name]}", cache_policy=NO_CACHE)
-def platform_job(spec: dict[str, Any], cfg, observe, rc: RoundContext) -> dict:
+def platform_job(spec: dict[str, Any], cfg, observe, rc: RoundContext, paused: Any = None) -> dict:
     """One tenant job on its slots (`training.lifecycle.run_job`): worker start, supervised training, the
     scheduler's checkpoint decisions (`observe`; a stop pauses the run, resumable), the best checkpoint kept; a
-    child MLflow run with the tenant's cost."""
+    child MLflow run with the tenant's cost. `paused` (`training.lifecycle.PausedRun`): continue the run the
+    scheduler paused in the job's directory from its kept checkpoint instead of starting over."""
     from eval.supervisor import RunSupervisor
     from flows.rlhf_job import fresh_run_dir
 
     job = f"{spec['tenant']}/{spec['name']}"
     out = Path(rc.out_dir) / spec["tenant"] / spec["name"]
-    fresh_run_dir(out)
+    if paused is not None:  # the checkpoints after the kept one go; the steps up to it are replayed, not charged
+        rewind_to(out, paused.best_step)
+        (out / JOB_DONE).unlink()
+    else:
+        fresh_run_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.resolved.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     with clock.span("tracking"):
         run_id, _ = T.open_run(f"{rc.flow_run_id}/{job}", job, rc.mlflow_experiment, rc.parent_run_id,
                                tags={T.KIND_TAG: "platform_job", T.TENANT_TAG: spec["tenant"]})
     jspec = JobSpec(tenant=spec["tenant"], name=spec["name"], config=cfg, run_id=run_id, out_dir=out, overlap="full",
-                    gpus=spec["gpus"], gpu_kind=rc.gpu_kind, pausable=True)
+                    gpus=spec["gpus"], gpu_kind=rc.gpu_kind, pausable=True, resume=paused)
     sup = RunSupervisor(run_id, spec["tenant"], rc.catalog.start(tenant=spec["tenant"]), ledger=rc.ledger,
                         gpu_kind=rc.gpu_kind, n_gpus=spec["gpus"])
     started = time.time()
@@ -122,6 +127,9 @@ def platform_job(spec: dict[str, Any], cfg, observe, rc: RoundContext) -> dict:
                "jct_s": outcome.slot_end - rc.round_start, "run_s": outcome.slot_end - started}
     with clock.span("tracking"):
         T.log_metrics(run_id, metrics)
+        if paused is not None:
+            T.set_tags(run_id, {"resumed_from_run": paused.run_id, "resumed_from_step": paused.best_step,
+                                "paused_at_step": paused.paused_step})
         T.set_tags(run_id, {"run_state": status.label, "decision": outcome.decision,
                             "alerts": json.dumps([e.alert for e in sup.events]),
                             "failure_class": status.failure.value if status.failure else "",
@@ -131,6 +139,7 @@ def platform_job(spec: dict[str, Any], cfg, observe, rc: RoundContext) -> dict:
     stopped_at = outcome.records[-1]["step"] if outcome.decision == "stopped" and outcome.records else None
     return {"tenant": spec["tenant"], "job": spec["name"], "gpus": spec["gpus"], "decision": outcome.decision,
             "state": status.label, "alerts": ",".join(e.alert for e in sup.events),
+            "resumed_from_step": paused.best_step if paused is not None else None,
             "stopped_at": float(stopped_at) if stopped_at is not None else None,
             "best_step": best["step"] if best else None, **metrics, "slot_start": outcome.slot_start,
             "slot_end": outcome.slot_end, "run_id": run_id}
@@ -139,7 +148,7 @@ def platform_job(spec: dict[str, Any], cfg, observe, rc: RoundContext) -> dict:
 @flow(name="platform-round", task_runner=task_runner("thread", 8), log_prints=False)
 def platform_round(
     jobs: list[dict[str, Any]] | None = None,
-    scheduler: str = "Divergence+SRTF",
+    scheduler: str = "NoisePatience+SRTF",
     slots: int = 2,
     steps: int = 16,
     gpu_kind: str = "cpu",
@@ -151,10 +160,14 @@ def platform_round(
     mlflow_experiment: str = T.DEFAULT_EXPERIMENT,
     parent_run_id: str | None = None,
     slot_limit: str = "gpu-slots-platform",
+    resume_paused: bool = False,
 ) -> dict[str, Any]:
     """Run a live round: `jobs` ({tenant, name, overrides, gpus?, steps_factor?}; default: five tenants) are
     queued at once and placed on `slots` GPU worker slots by `scheduler` (any simulator name, e.g.
-    `Divergence+SRTF`, `EvalStop+SJF`, `FIFO`), which may also stop them at their eval gates."""
+    `NoisePatience+SRTF`, `Divergence+SRTF`, `EvalStop+SJF`, `FIFO`), which may also stop them at their eval gates: a
+    stopped job is paused (PAUSED_BY_GATE) with its best checkpoint kept. `resume_paused`: run only the jobs of
+    `jobs` that an earlier round in `out_dir` paused, each continued from its kept checkpoint (the scheduler's
+    detector watches the continuation afresh); the others are left as they are."""
     from eval.health import Catalog
     from infra.ledger import Ledger, load_prices
     from scheduling.jobview import JobView
@@ -183,11 +196,20 @@ def platform_round(
             raise BadInput(f"jobs[{i}].gpus: {spec['gpus']} does not fit a pool of {slots} slots")
         job_steps = max(4, round(steps * float(spec.get("steps_factor", 1.0))))
         cfgs.append(resolve_train_config(platform_job_config(job_steps, cache_dir), spec.get("overrides"), job_steps))
+    paused = [paused_run(Path(out_dir) / s["tenant"] / s["name"]) if resume_paused else None for s in specs]
+    if resume_paused:
+        keep = [i for i, p in enumerate(paused) if p is not None]
+        if not keep:
+            raise BadInput(f"resume_paused: no job of this round is paused under {out_dir} (no <tenant>/<name>/"
+                           f"{JOB_DONE} says PAUSED_BY_GATE with a kept checkpoint); leave resume_paused off to run "
+                           "the round")
+        specs, cfgs, paused = [specs[i] for i in keep], [cfgs[i] for i in keep], [paused[i] for i in keep]
     prices = load_prices()
     if gpu_kind not in prices.gpu_hour:
         raise BadInput(f"gpu_kind: '{gpu_kind}' has no price (add it under gpu_hour in configs/prices.yaml)")
     with parent_run("platform", f"platform round ({scheduler})", mlflow_experiment, parent_run_id, tenant="platform",
-                    params={"scheduler": scheduler, "slots": slots, "steps": steps, "jobs": len(specs)},
+                    params={"scheduler": scheduler, "slots": slots, "steps": steps, "jobs": len(specs),
+                            "resume_paused": resume_paused},
                     retry_delay_s=retry_delay_s) as run:
         tenants = list(dict.fromkeys(s["tenant"] for s in specs))
         views = [JobView(i, "rlhf", tenants.index(s["tenant"]), s["gpus"], 0.0, float(c.steps))
@@ -202,7 +224,7 @@ def platform_round(
         running, rows = {}, []
         while not live.done:
             for i in live.to_start():
-                running[platform_job.submit(specs[i], cfgs[i], live.observer(i, cfgs[i].steps), rc)] = i
+                running[platform_job.submit(specs[i], cfgs[i], live.observer(i, cfgs[i].steps), rc, paused[i])] = i
             fut = next(as_completed(list(running)))  # the first job to end frees its slots
             live.finished(running.pop(fut))
             rows.append(fut.result())
@@ -212,8 +234,19 @@ def platform_round(
         table.insert(0, "start_order", [live.order.index(index_of[(r["tenant"], r["job"])]) for r in rows])
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        table.to_csv(out / "jobs.csv", index=False)
-        rc.ledger.frame().to_csv(out / "ledger.csv", index=False)
+        ledger = rc.ledger.frame()
+        jobs_csv, ledger_csv = out / "jobs.csv", out / "ledger.csv"
+        jobs_out = table
+        if resume_paused:  # the round's files keep the earlier round's rows: each job's latest row, every charge
+            if jobs_csv.is_file():
+                earlier = pd.read_csv(jobs_csv)
+                resumed = set(zip(table.tenant, table.job, strict=True))
+                earlier = earlier[[(t, j) not in resumed for t, j in zip(earlier.tenant, earlier.job, strict=True)]]
+                jobs_out = pd.concat([earlier, table], ignore_index=True)
+            if ledger_csv.is_file():
+                ledger = pd.concat([pd.read_csv(ledger_csv), ledger], ignore_index=True)
+        jobs_out.to_csv(jobs_csv, index=False)
+        ledger.to_csv(ledger_csv, index=False)
         per_tenant = table.groupby("tenant")[["cost_usd", "gpu_hours", "steps"]].sum()
         metrics = {"jobs": len(table), "stopped": int((table.decision == "stopped").sum()),
                    "mean_jct_s": float(table.jct_s.mean()), "makespan_s": float(table.jct_s.max()),

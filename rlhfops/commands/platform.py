@@ -14,9 +14,9 @@ from common.errors import BadInput
 def register(app: typer.Typer) -> None:
     @app.command("platform")
     def platform_cmd(
-        scheduler: str = typer.Option("Divergence+SRTF", "--scheduler", help="the simulator's scheduler names: "
+        scheduler: str = typer.Option("NoisePatience+SRTF", "--scheduler", help="the simulator's scheduler names: "
                                       "a base (FIFO, SJF-Est, SRTF-Est, LossAware, EvalSched) optionally wrapped by "
-                                      "an early-stop detector, e.g. Divergence+SRTF, EvalStop(k=3)+SJF"),
+                                      "an early-stop detector, e.g. NoisePatience+SRTF, EvalStop(k=3)+SJF"),
         slots: int = typer.Option(2, "--slots", help="GPU worker slots in the pool (a Prefect global concurrency "
                                   "limit; jobs hold theirs while they train)"),
         steps: int = typer.Option(16, "--steps", help="PPO steps per job (the 'short' job runs half)"),
@@ -24,6 +24,8 @@ def register(app: typer.Typer) -> None:
                                   "steps_factor}] (default: five tenants, one job each)"),
         out: Path = typer.Option(Path("results/platform"), "--out", help="output directory"),
         cache_dir: str = typer.Option("runs/.cache", "--cache-dir", help="base-policy / reward-model cache"),
+        resume_paused: bool = typer.Option(False, "--resume-paused", help="run only the jobs an earlier round in --out "
+                                           "paused (PAUSED_BY_GATE), each from its kept checkpoint"),
         verbose: bool = typer.Option(False, "--verbose", help="show Prefect's own log lines"),
     ) -> None:
         """Run one live round: tenants' PPO jobs queued at once, placed on --slots worker slots by --scheduler
@@ -66,7 +68,7 @@ def register(app: typer.Typer) -> None:
         console = make_console()
         uri = T.init_store()
         res = run_flow(console, platform_round, "platform round", server, jobs=job_list, scheduler=scheduler,
-                       slots=slots, steps=steps, out_dir=str(out), cache_dir=cache_dir)
+                       slots=slots, steps=steps, out_dir=str(out), cache_dir=cache_dir, resume_paused=resume_paused)
         df = res["jobs"].sort_values("start_order")
         table = Table(title=f"platform round: {scheduler}, {res['slots']}", title_justify="left")
         for col in ("start", "tenant", "job", "decision", "state", "steps", "best step", "best held-out", "JCT (s)",
