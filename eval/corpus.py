@@ -5,7 +5,8 @@ with the metric's `direction` (`max` or `min`). `data/curves/runs.csv` is the pe
 `data/curves/build_index.py` from the two rules here:
 
 - `hindsight_label`: the label rule of `data/curves/LABELS.md` (written before any detector ran on the corpus);
-- `split_of`: the seeded tune/report split of `data/curves/README.md`.
+- `split_of`: the seeded tune/report split of `data/curves/README.md`; a source in `FRESH_SOURCES` (runs
+  recorded after the default detector was chosen and calibrated) is held out whole as the split `fresh`.
 
 `load_corpus()` joins both into one long DataFrame in the trace format the detectors read, plus `source`,
 `direction`, `label`, `peak_step` and `split`. numpy and pandas only.
@@ -31,6 +32,10 @@ MIN_AFTER_PEAK = 2
 
 SPLIT_SALT = "rlhfops-corpus-split-v1"
 SPLITS = ("tune", "report")
+#: sources recorded after every choice and threshold of the default detector was fixed: never split, never tuned
+#: on, reported as the split `fresh`
+FRESH_SOURCES = ("own_ppo_fresh",)
+ALL_SPLITS = (*SPLITS, "fresh")
 
 
 @dataclass(frozen=True)
@@ -133,16 +138,17 @@ def build_index(traces: pd.DataFrame) -> pd.DataFrame:
     index = pd.DataFrame(rows)
     strata: dict[tuple[str, int], list[str]] = {}
     for r in index.itertuples():
-        strata.setdefault((r.source, r.label), []).append(r.run_id)
-    index["split"] = index["run_id"].map(split_of(strata))
+        if r.source not in FRESH_SOURCES:
+            strata.setdefault((r.source, r.label), []).append(r.run_id)
+    index["split"] = index["run_id"].map(split_of(strata)).fillna("fresh")
     return index
 
 
 def load_corpus(corpus_dir: Path = CORPUS_DIR, split: str | None = None) -> pd.DataFrame:
     """The corpus as one long trace DataFrame (sorted by run and step) with `source, direction, label,
-    peak_step, split` on every row; `split` = "tune" or "report" keeps only that half."""
-    if split is not None and split not in SPLITS:
-        raise ValueError(f"split '{split}': expected one of {', '.join(SPLITS)}")
+    peak_step, split` on every row; `split` = "tune", "report" or "fresh" keeps only that part."""
+    if split is not None and split not in ALL_SPLITS:
+        raise ValueError(f"split '{split}': expected one of {', '.join(ALL_SPLITS)}")
     traces = read_source_traces(corpus_dir)
     index = pd.read_csv(corpus_dir / "runs.csv")
     missing = set(traces["run_id"]) ^ set(index["run_id"])

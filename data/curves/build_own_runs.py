@@ -8,6 +8,7 @@ applies the hindsight rule of LABELS.md to every run of every source.
     .venv/bin/python data/curves/build_own_runs.py --list             # the grid, one run per line
     nice .venv/bin/python data/curves/build_own_runs.py --runs 0-9    # train runs 0..9 (skips finished ones)
     .venv/bin/python data/curves/build_own_runs.py --assemble         # merge finished runs into the CSV
+    ... --fresh                                                       # the same for the held-out fresh set
 
 Each run writes `runs/corpus-own/<run>.csv` when it finishes, so chunks can run in separate processes and a
 killed chunk resumes where it stopped. Everything is seeded (prompts, warm starts, sampling, PPO), so the same
@@ -33,6 +34,10 @@ OUT_CSV = REPO / "data" / "curves" / "own_ppo" / "traces.csv"
 STEPS = 100
 EVAL_EVERY = 5
 SEEDS = (0, 1, 2, 3)
+#: `--fresh`: the same grid on seeds that did not exist when the default detector was chosen and calibrated; written
+#: to a source of its own (`own_ppo_fresh`), held out whole (split `fresh`, see eval/corpus.py)
+FRESH_SEEDS = (4, 5)
+FRESH_CSV = REPO / "data" / "curves" / "own_ppo_fresh" / "traces.csv"
 
 #: (name, overrides on configs/ppo-healthy.yaml). Spans strong to weak KL, small to large learning rates and a
 #: proxy with a trigger-character bonus the gold scorer ignores (switched on part-way through training).
@@ -55,9 +60,11 @@ COLUMNS = ("run_id", "step", "eval_score", "eval_se", "reward", "loss", "kl", "e
            "response_len", "kl_coef", "actor_lr", "gameable", "seed")
 
 
-def grid() -> list[tuple[str, dict, int]]:
-    """Every run of the corpus: (run_id, override dict, seed), in a fixed order."""
-    return [(f"own/{name}/seed{seed}", overrides, seed) for name, overrides in VARIANTS for seed in SEEDS]
+def grid(fresh: bool = False) -> list[tuple[str, dict, int]]:
+    """Every run of the corpus (`fresh`: of the held-out fresh set): (run_id, override dict, seed), in a fixed
+    order."""
+    prefix, seeds = ("own-fresh", FRESH_SEEDS) if fresh else ("own", SEEDS)
+    return [(f"{prefix}/{name}/seed{seed}", overrides, seed) for name, overrides in VARIANTS for seed in seeds]
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -130,8 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", help="indices of the grid to train, e.g. 0-9,12 (default: all)")
     ap.add_argument("--assemble", action="store_true", help=f"merge finished runs into {OUT_CSV.relative_to(REPO)}")
     ap.add_argument("--partial", action="store_true", help="with --assemble: merge the finished runs only")
+    ap.add_argument("--fresh", action="store_true",
+                    help=f"the held-out fresh set (seeds {FRESH_SEEDS}) instead of the corpus grid")
     args = ap.parse_args(argv)
-    runs = grid()
+    runs = grid(args.fresh)
+    out_csv = FRESH_CSV if args.fresh else OUT_CSV
     if args.list:
         for i, (run_id, _, _) in enumerate(runs):
             print(i, run_id, "done" if _run_file(run_id).exists() else "")
@@ -144,13 +154,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {len(missing)} runs not trained yet (first: {missing[0]}); train them with --runs",
                   file=sys.stderr)
             return 2
-        OUT_CSV.parent.mkdir(parents=True, exist_ok=True)
-        with OUT_CSV.open("w", newline="") as out:
+        out_csv.parent.mkdir(parents=True, exist_ok=True)
+        with out_csv.open("w", newline="") as out:
             out.write(",".join(COLUMNS) + "\n")
             for run_id, _, _ in runs:
                 out.writelines(_run_file(run_id).read_text().splitlines(keepends=True)[1:])
         left = f" ({len(missing)} not trained yet)" if missing else ""
-        print(f"{len(runs)} runs -> {OUT_CSV.relative_to(REPO)}{left}")
+        print(f"{len(runs)} runs -> {out_csv.relative_to(REPO)}{left}")
         return 0
     todo = _parse_range(args.runs, len(runs)) if args.runs else list(range(len(runs)))
     sys.path.insert(0, str(REPO))
