@@ -46,7 +46,7 @@ class ScriptedTrial:
 
 
 def make_spec(tmp_path, **kw):
-    d = {"name": "order", "base": BASE, "space": SPACE, "sampler": {"kind": "random", "seed": 7}, "trials": 8,
+    d = {"name": "order", "base": BASE, "space": SPACE, "sampler": {"kind": "random", "seed": 1}, "trials": 8,
          "concurrency": 1, "pruning": {"detector": "none"}, "out_dir": str(tmp_path / "sweep")}
     d.update(kw)
     return parse_spec(d)
@@ -68,13 +68,14 @@ def tokens(params) -> int:
     return params["steps"] * BATCH * params["ppo.max_new_tokens"]
 
 
-def expected_one_slot_order(params_by_number: dict[int, dict], trials: int, depth: int, shortest_first: bool):
+def expected_one_slot_order(params_by_number: dict[int, dict], trials: int, depth: int, shortest_first: bool,
+                            size=tokens):
     """One slot: before the k-th start the runner has asked trials 0 .. k + depth (ask order = trial number); the
     first free slot goes to the smallest queued trial (ties: asked first), or to the first asked under FIFO."""
     started: list[int] = []
     for k in range(trials):
         waiting = [n for n in range(min(k + 1 + depth, trials)) if n not in started]
-        key = (lambda n: (tokens(params_by_number[n]), n)) if shortest_first else (lambda n: n)
+        key = (lambda n: (size(params_by_number[n]), n)) if shortest_first else (lambda n: n)
         started.append(min(waiting, key=key))
     return started
 
@@ -91,7 +92,10 @@ def test_sjf_est_starts_the_smaller_queued_trials_first(tmp_path):
     summary, _ = run(spec, fake)
     params = {t.number: t.params for t in study_of(spec).trials}
     want = expected_one_slot_order(params, 8, depth=3, shortest_first=True)
-    assert want != sorted(want), "the drawn settings must make SJF differ from the ask order"
+    # the drawn settings must tell SJF from the ask order and the size (steps x tokens) from either factor alone
+    assert want != sorted(want)
+    for factor in ("steps", "ppo.max_new_tokens"):
+        assert want != expected_one_slot_order(params, 8, 3, True, size=lambda p, f=factor: p[f])
     assert [c[0] for c in fake.calls] == want
     # each call trained the config of the trial it was placed for
     assert [(c[1], c[2]) for c in fake.calls] == [(params[n]["steps"], params[n]["ppo.max_new_tokens"]) for n in want]
