@@ -10,6 +10,9 @@ slots, and whether a running job stops at a checkpoint. The same policy objects 
             submit(i, observe=live.observer(i, total_steps=...))
         live.finished(wait_for_any_job())     # its slots go back to the pool
 
+A round whose jobs arrive while it runs (a sweep asking Optuna for trials ahead of free slots) starts empty and
+queues each job as it comes: `i = live.submit(view, gpus)`, then the same `to_start()` / `finished(i)` loop.
+
 Jobs are not preempted: a running job keeps its slots until it completes or is stopped. Plain Python, no Prefect.
 """
 
@@ -29,9 +32,8 @@ class LiveRound:
         if len(views) != len(gpus):
             raise ValueError("gpus: one entry per job view")
         for i, g in enumerate(gpus):
-            if not 1 <= g <= slots:
-                raise ValueError(f"jobs[{i}].gpus: {g} does not fit a pool of {slots} slots")
-        self.policy, self.views, self.gpus, self.slots = policy, views, list(gpus), slots
+            self._check_fits(i, g, slots)
+        self.policy, self.views, self.gpus, self.slots = policy, list(views), list(gpus), slots
         self.pending: list[int] = list(range(len(views)))
         self.running: set[int] = set()
         self.free = slots
@@ -39,6 +41,21 @@ class LiveRound:
         self.order: list[int] = []
         # the policy's detector monitors are shared by every job thread
         self.lock = threading.Lock()
+
+    @staticmethod
+    def _check_fits(i: int, g: int, slots: int) -> None:
+        if not 1 <= g <= slots:
+            raise ValueError(f"jobs[{i}].gpus: {g} does not fit a pool of {slots} slots")
+
+    def submit(self, view: JobView, gpus: int) -> int:
+        """Queue one more job (it arrived after the round began); returns its index for `to_start` / `finished`."""
+        i = len(self.views)
+        self._check_fits(i, gpus, self.slots)
+        with self.lock:
+            self.views.append(view)
+            self.gpus.append(gpus)
+            self.pending.append(i)
+        return i
 
     @property
     def done(self) -> bool:

@@ -11,6 +11,14 @@ every finished trial is told to it before anything else is recorded. A sweep kil
 marked FAIL with the user attribute `interrupted` and its setting is queued again, so the study still ends with
 `trials` finished trials that were not interrupted.
 
+Trial order: the runner asks Optuna for trials ahead of the free slots (`spec.lookahead`: `queue_depth`) and queues
+each on a `scheduling.live.LiveRound`, the placement object of the live platform round, with the spec's `scheduler`
+(a `scheduling.policies` base policy) ranking them by a `JobView` (ask order as arrival, estimated rollout tokens as
+duration); freed slots go to the trial it places first. Asked trials are RUNNING in Optuna while they wait: the ones
+still waiting when the sweep ends (budget, exception) are told FAIL with `never_started`, do not count, and their
+settings are queued again (see `SweepRunner._release_queued`); a killed process leaves them RUNNING, which `resume`
+requeues like any interrupted trial. The scheduler only places trials; stopping one at a checkpoint is the pruner's.
+
 Trial execution is behind ONE function, `run_trial(job_config, observer, ...)`: the job lifecycle a trial runs. It
 is written here on today's trainer; the platform's single job lifecycle replaces its body (see its docstring).
 """
@@ -30,7 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import BadInput
-from sweeps.spec import SweepSpec, trial_config
+from scheduling.jobview import JobView
+from scheduling.live import LiveRound
+from sweeps.spec import SweepSpec, scheduler_policy, trial_config
 from training.lifecycle import JobHooks
 
 #: an observer sees each checkpoint (a step whose held-out gate ran) and may return a stop reason
@@ -286,9 +296,21 @@ def open_study(spec: SweepSpec, prune: bool, resume: bool):
 
 
 def finished(study) -> list:
-    """Trials that count towards `trials`: COMPLETE, PRUNED, or FAIL that was not an interruption."""
-    return [t for t in study.get_trials(deepcopy=False)
-            if t.state.name in DONE_STATES and not t.user_attrs.get("interrupted")]
+    """Trials that count towards `trials`: COMPLETE, PRUNED, or FAIL that was neither an interruption nor a trial
+    asked ahead that never started."""
+    return [t for t in study.get_trials(deepcopy=False) if t.state.name in DONE_STATES
+            and not t.user_attrs.get("interrupted") and not t.user_attrs.get("never_started")]
+
+
+def estimated_work(spec: SweepSpec, params: dict[str, Any], base_dir: Path | None = None) -> float:
+    """A trial's size as the scheduler's duration estimate: the rollout tokens its seeds will generate (seeds x
+    steps x prompts per step x new tokens per prompt), what a PPO step's time grows with; only the ratio between
+    trials matters. A setting that makes no valid job estimates 0: started, it fails at once and frees its slot."""
+    try:
+        cfg = trial_config(spec, params, 0, base_dir)
+    except BadInput:
+        return 0.0
+    return float(spec.seeds_per_trial * cfg.steps * cfg.ppo.batch_size * cfg.ppo.max_new_tokens)
 
 
 class SweepRunner:
@@ -417,7 +439,27 @@ class SweepRunner:
                 study.tell(trial, res.objective)
 
     # ---- the sweep ----------------------------------------------------------------------------------------
+    def _view(self, trial, arrival: int) -> JobView:
+        """What the scheduler sees of a queued trial: its GPUs, its place in the ask order, its estimated size."""
+        return JobView(trial.number, "rlhf", 0, self.spec.gpus_per_trial, float(arrival),
+                       estimated_work(self.spec, dict(trial.params), self.base_dir))
+
+    def _release_queued(self, study, queued: dict[int, Any]) -> None:
+        """Trials asked ahead that never started (the budget stopped the sweep, or it raised): told FAIL with the user
+        attribute `never_started`, so they neither stay RUNNING nor count as finished, and their settings queued again
+        (`requeued_from`) so a resumed or extended sweep tries them next, in the same order."""
+        from optuna.trial import TrialState
+
+        with self._lock:
+            for trial in sorted(queued.values(), key=lambda t: t.number):
+                trial.set_user_attr("never_started", True)
+                study.tell(trial, state=TrialState.FAIL)
+                study.enqueue_trial(dict(trial.params), user_attrs={"requeued_from": trial.number})
+        queued.clear()
+
     def run(self, trials: int | None = None) -> dict[str, Any]:
+        """Ask Optuna for trials ahead of the free slots (`spec.lookahead` more than fit), queue each on a
+        `scheduling.live.LiveRound` with the spec's scheduler, start whichever it places when slots free."""
         spec = self.spec
         target = trials or spec.trials
         study = open_study(spec, self.prune, self.resume)
@@ -425,29 +467,43 @@ class SweepRunner:
         self.tracker.start(spec, self.resume)
         t0 = time.time()
         session: list[TrialResult] = []
+        live = LiveRound(scheduler_policy(spec.scheduler), [], [], slots=spec.concurrency)
+        queued: dict[int, Any] = {}  # LiveRound index -> an asked trial waiting for a slot (RUNNING in Optuna)
+        asked = 0
+        self.start_order: list[int] = []
         failed_sweep = False
         try:
             with ThreadPoolExecutor(spec.parallel_trials, thread_name_prefix="trial") as pool:
-                running: dict[Any, Any] = {}
+                running: dict[Any, tuple[int, Any]] = {}
                 while True:
                     with self._lock:
                         n_done = len(finished(study))
-                    while (self.budget_stop is None and len(running) < spec.parallel_trials
-                           and n_done + len(running) < target):
+                    if (self.budget_stop is None and live.free >= spec.gpus_per_trial
+                            and n_done + len(running) < target):
                         with self._lock:
                             self.budget_stop = self._budget_reached(study, t0)
                         if self.budget_stop:
                             self.on_event("budget", {"message": self.budget_stop, "done": n_done, "target": target})
-                            break
-                        with self._lock:
-                            trial = study.ask(dists)
-                        self.on_event("trial_started", {"number": trial.number, "params": dict(trial.params)})
-                        running[pool.submit(self._run_one, trial)] = trial
+                    if self.budget_stop is None:
+                        # ask ahead: a trial for each free slot plus the lookahead, never more than the target needs
+                        while (len(running) + len(queued) < spec.parallel_trials + spec.lookahead
+                               and n_done + len(running) + len(queued) < target):
+                            with self._lock:
+                                trial = study.ask(dists)
+                            queued[live.submit(self._view(trial, asked), spec.gpus_per_trial)] = trial
+                            asked += 1
+                            self.on_event("trial_queued", {"number": trial.number, "params": dict(trial.params)})
+                        for i in live.to_start():
+                            trial = queued.pop(i)
+                            self.start_order.append(trial.number)
+                            self.on_event("trial_started", {"number": trial.number, "params": dict(trial.params)})
+                            running[pool.submit(self._run_one, trial)] = (i, trial)
                     if not running:
                         break
                     done, _ = wait(list(running), return_when=FIRST_COMPLETED)
                     for fut in done:
-                        trial = running.pop(fut)
+                        i, trial = running.pop(fut)
+                        live.finished(i)
                         res, records = fut.result()
                         self._tell(study, trial, res)
                         self._live_gpu_s.pop(trial.number, None)
@@ -462,6 +518,12 @@ class SweepRunner:
             failed_sweep = True
             raise
         finally:
+            try:
+                self._release_queued(study, queued)
+            except Exception as err:  # noqa: BLE001 - after a failure, do not hide it: --resume requeues them anyway
+                if not failed_sweep:
+                    raise
+                self.on_event("warning", {"message": f"queued trials left RUNNING for --resume: {err}"})
             summary = self.summary(study, session, time.time() - t0, target)
             files = []
             if self.report and not failed_sweep:
@@ -490,5 +552,7 @@ class SweepRunner:
             "gpu_seconds": sum(r.gpu_seconds for r in results),
             "gpu_seconds_this_session": sum(r.gpu_seconds for r in session),
             "wall_s": wall_s, "budget_stop": self.budget_stop,
+            "scheduler": self.spec.scheduler, "queue_depth": self.spec.lookahead,
+            "start_order": list(getattr(self, "start_order", [])),
             "best": asdict(best) if best else None,
         }

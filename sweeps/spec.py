@@ -13,6 +13,8 @@
     seeds_per_trial: 1                # each trial trains this many seeds (seed, seed+1, ...); objective: their mean
     tenant: acme
     concurrency: 2                    # GPU slots the sweep holds at once (one trial per `gpus_per_trial`)
+    scheduler: SJF-Est                # which queued trial takes a freed slot (scheduling.policies; default FIFO)
+    queue_depth: 4                    # trials asked ahead and waiting for a slot (default: 0 under FIFO)
     budget: {gpu_hours: 2.0, wall_s: 3600}   # either or both; reached: no new trials start
     objective: {direction: maximize}  # the held-out gate score at each trial's kept checkpoint
     pruning: {detector: default}      # default (the platform's default detector), a detector name, or none
@@ -27,7 +29,7 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from common.errors import BadInput, describe_validation_error
 
@@ -118,6 +120,13 @@ class SweepSpec(_Strict):
     gpus_per_trial: int = Field(1, ge=1, le=4096)
     gpu_kind: str = "cpu"
     overlap: Literal["none", "intra", "inter", "full"] = "none"
+    #: which queued trial takes a freed slot: a base policy of `scheduling.policies` (FIFO: Optuna's ask order;
+    #: SJF-Est: the smallest estimated trial first). A detector-wrapped name (EvalStop+SJF) is refused: the sweep's
+    #: pruner (`pruning`) is what stops a trial at a checkpoint
+    scheduler: str = "FIFO"
+    #: trials asked of Optuna ahead and waiting for a slot, beyond those that start at once (empty: none under
+    #: FIFO, which starts them in ask order anyway; `concurrency // gpus_per_trial` under any other scheduler)
+    queue_depth: int | None = Field(None, ge=0, le=10_000)
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
     pruning: PruningSpec = Field(default_factory=PruningSpec)
@@ -128,6 +137,12 @@ class SweepSpec(_Strict):
     #: the model registry name the best trial's checkpoint goes to (empty: <tenant>-policy)
     registered_model: str | None = None
     mlflow_experiment: str = "rlhfops"
+
+    @field_validator("scheduler")
+    @classmethod
+    def _known_scheduler(cls, name: str) -> str:
+        scheduler_policy(name)  # raises ValueError naming the valid policies
+        return name.strip()
 
     @model_validator(mode="after")
     def _check(self) -> SweepSpec:
@@ -148,6 +163,13 @@ class SweepSpec(_Strict):
         return self.concurrency // self.gpus_per_trial
 
     @property
+    def lookahead(self) -> int:
+        """Trials kept asked and waiting beyond the free slots (`queue_depth`, or its default)."""
+        if self.queue_depth is not None:
+            return self.queue_depth
+        return 0 if scheduler_policy(self.scheduler).name == "FIFO" else self.parallel_trials
+
+    @property
     def run_dir(self) -> Path:
         return Path(self.out_dir or Path("runs") / "sweeps" / self.name)
 
@@ -159,6 +181,22 @@ class SweepSpec(_Strict):
 
     def grid_size(self) -> int:
         return math.prod(len(p.candidates()) for p in self.space.values() if p.kind in ("grid", "choice"))
+
+
+def scheduler_policy(name: str):
+    """The placement policy a sweep's `scheduler` names (`scheduling.policies.parse_scheduler`), base policies only.
+    Raises ValueError naming the valid ones."""
+    from scheduling.policies import BASES, EarlyStop, parse_scheduler
+
+    valid = ", ".join(sorted(BASES))
+    try:
+        policy = parse_scheduler(name)
+    except ValueError as err:  # its message lists the bases when the base is unknown; a bad detector part does not
+        raise ValueError(str(err) if "bases:" in str(err) else f"{err}; give one of: {valid}") from None
+    if isinstance(policy, EarlyStop):
+        raise ValueError(f"'{name}' wraps an early-stop detector; a sweep's trials are stopped by its pruner (set "
+                         f"pruning.detector to '{policy.detector.name}'): give a base policy, one of: {valid}")
+    return policy
 
 
 def _error_field(err: ValidationError) -> str:

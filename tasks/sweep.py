@@ -50,6 +50,7 @@ class MlflowSweepTracker:
         params = {"base": spec.base if isinstance(spec.base, str) else "inline", "sampler": spec.sampler.kind,
                   "sampler_seed": spec.sampler.seed, "trials": spec.trials, "seeds_per_trial": spec.seeds_per_trial,
                   "concurrency": spec.concurrency, "gpus_per_trial": spec.gpus_per_trial,
+                  "scheduler": spec.scheduler, "queue_depth": spec.lookahead,
                   "pruning": spec.pruning.detector, "direction": spec.objective.direction,
                   "budget_gpu_hours": spec.budget.gpu_hours, "budget_wall_s": spec.budget.wall_s,
                   "storage": spec.storage_url,
