@@ -36,7 +36,7 @@ EVAL_EVERY = 5
 SEEDS = (0, 1, 2, 3)
 #: `--fresh`: the same grid on seeds that did not exist when the default detector was chosen and calibrated; written
 #: to a source of its own (`own_ppo_fresh`), held out whole (split `fresh`, see eval/corpus.py)
-FRESH_SEEDS = (4, 5)
+FRESH_SEEDS = (4, 5, 6, 7)
 FRESH_CSV = REPO / "data" / "curves" / "own_ppo_fresh" / "traces.csv"
 
 #: (name, overrides on configs/ppo-healthy.yaml). Spans strong to weak KL, small to large learning rates and a
