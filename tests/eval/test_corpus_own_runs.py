@@ -57,14 +57,21 @@ def test_parse_range_and_its_errors():
         own._parse_range("38-40", 40)
 
 
-def test_committed_own_traces_hold_the_grid():
-    path = REPO / "data" / "curves" / "own_ppo" / "traces.csv"
+def test_fresh_seeds_are_new():
+    """The fresh set's seeds were never in the corpus grid, and it trains the same variants."""
+    assert not set(own.FRESH_SEEDS) & set(own.SEEDS)
+    assert {r[0].split("/")[1] for r in own.grid(fresh=True)} == {r[0].split("/")[1] for r in own.grid()}
+
+
+@pytest.mark.parametrize("source, fresh", [("own_ppo", False), ("own_ppo_fresh", True)])
+def test_committed_own_traces_hold_the_grid(source, fresh):
+    path = REPO / "data" / "curves" / source / "traces.csv"
     if not path.exists():
-        pytest.skip("own_ppo/traces.csv not assembled yet")
+        pytest.skip(f"{source}/traces.csv not assembled yet")
     with path.open() as f:
         rows = list(csv.DictReader(f))
     per_run = Counter(r["run_id"] for r in rows)
-    assert set(per_run) == {r[0] for r in own.grid()}
+    assert set(per_run) == {r[0] for r in own.grid(fresh)}
     expected = own.STEPS // own.EVAL_EVERY + 1  # step 0 and every EVAL_EVERY steps
     assert set(per_run.values()) == {expected}
     for r in rows:
