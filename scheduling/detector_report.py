@@ -268,7 +268,7 @@ def calibration_check(corpus: Path) -> str:
             f"{cal.get('stopped')} stopped) by `rlhfops detect --detector {DEFAULT_DETECTOR} --calibrate "
             "data/curves`; the other parameters were chosen before it on the tune half (patience, drawdown) and on "
             "simulator seeds 1-100 (the gate-phase bars and `gate_from`; configs/detectors.yaml's changelog says "
-            "how). Checked on both halves (Clopper-Pearson intervals, scipy.stats.binomtest):\n\n"
+            "how). Checked on every part (Clopper-Pearson intervals, scipy.stats.binomtest):\n\n"
             + "\n".join(lines) + "\n\n"
             "Issue 14's acceptance on the `report` half, default detector with no parameters:\n\n"
             + "\n".join(f"- {name}: **{'met' if ok else 'NOT met'}** ({value})" for name, ok, value in accept)

@@ -110,6 +110,9 @@ def test_load_corpus_gives_trace_format_with_labels():
     report = load_corpus(split="report")
     assert set(report["split"]) == {"report"}
     assert report["run_id"].nunique() == sum(r["split"] == "report" for r in index)
+    fresh = load_corpus(split="fresh")
+    assert set(fresh["source"]) == {"own_ppo_fresh"}
+    assert fresh["run_id"].nunique() == sum(r["source"] == "own_ppo_fresh" for r in index) > 0
 
 
 def test_rule_on_hand_made_curves():
