@@ -65,6 +65,16 @@ def percentile(xs: list[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if xs else None
 
 
+def process_pool_template() -> dict:
+    """Prefect's process work-pool template with `python -m infra.engine_entry` (this environment's Python) as the
+    default command: flow runs wait for the API before the engine's first request (infra/engine_entry.py)."""
+    from prefect.workers.process import ProcessWorker
+
+    template = ProcessWorker.get_default_base_job_template()
+    template["variables"]["properties"]["command"]["default"] = f"{sys.executable} -m infra.engine_entry"
+    return template
+
+
 def register_bench(bench_app: typer.Typer) -> None:
     @bench_app.command("platform")
     def bench_platform_cmd(
@@ -147,8 +157,12 @@ def _bench(console, cfg, env: dict, jobs: int, steps: int, nightly: bool, timeou
     root = cfg.root
     t_setup = time.time()
     T.init_store()
-    # the process work pool and the rlhf-job deployment from prefect.yaml, as docs/orchestration.md does it
-    for args in (["work-pool", "create", "local-process", "--type", "process", "--overwrite"],
+    # the process work pool and the rlhf-job deployment from prefect.yaml, as docs/orchestration.md does it; the
+    # pool starts flow runs through infra.engine_entry, which waits out a restarting server (docs/stack.md)
+    template = root / "process-pool-template.json"
+    template.write_text(json.dumps(process_pool_template(), indent=1))
+    for args in (["work-pool", "create", "local-process", "--type", "process", "--overwrite",
+                  "--base-job-template", str(template)],
                  ["--no-prompt", "deploy", "--name", "rlhf-job"]):
         done = subprocess.run([_bin("prefect"), *args], cwd=REPO, env=env, capture_output=True, text=True,
                               timeout=600)

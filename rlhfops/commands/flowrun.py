@@ -45,15 +45,22 @@ class start_prefect_api(threading.Thread):  # noqa: N801 - used like a function
         try:
             from prefect.client.orchestration import get_client
 
-            from infra.provision import own_temporary_server
+            from infra.provision import own_temporary_server, wait_for_api
             from infra.tracking import orm_import_guard
 
             with orm_import_guard():  # imports Prefect's server (ORM classes) while the CLI opens the MLflow store
                 own_temporary_server()  # a temporary server, if one starts, dies with this process (even on kill -9)
+            # a configured server that is restarting: wait it out (a nightly started then exited 1 at once); returns
+            # at once on the temporary server and on one that answers
+            wait_for_api(budget_s=START_API_WAIT_S)
             with get_client(sync_client=True) as client:
                 client.hello()
         except BaseException as err:  # noqa: BLE001 - reported by the caller
             self.error = err
+
+
+#: how long a command waits at start for a configured Prefect API that does not answer (a server restart)
+START_API_WAIT_S = 120.0
 
 
 def on_temporary_server() -> bool:
