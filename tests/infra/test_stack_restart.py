@@ -27,6 +27,9 @@ STUB_SERVER = """
 import http.server, os, sys
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        if len(sys.argv) > 2:
+            with open(sys.argv[2], "a") as f:
+                f.write(self.path + "\\n")
         body = str(os.getpid()).encode()
         self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
         self.wfile.write(body)
@@ -113,6 +116,34 @@ def test_bench_restart_flags_exit_2_naming_the_flag_before_any_stack_starts(tmp_
     assert len(done.stderr.strip().splitlines()) == 1
     assert not stack.exists()
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "rlhfops-bench-stack-*"))) == before
+
+
+def test_engine_entry_waits_for_the_api_then_hands_the_flow_run_to_prefects_engine(tmp_path):
+    """A flow-run process started while the server is down (what a process worker does during a restart): Prefect's
+    engine alone exits 1 at its first request; through infra.engine_entry it waits, and once the API answers the
+    engine asks it for the flow run (the stand-in answers nonsense, so the engine then fails: that part is Prefect's)."""
+    import subprocess
+
+    port, requests = S.free_port(), tmp_path / "requests.log"
+    flow_run_id = "6f1d3c2a-0000-4000-8000-000000000001"
+    env = {**base_env(), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "PREFECT__FLOW_RUN_ID": flow_run_id,
+           "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    entry = subprocess.Popen([sys.executable, "-m", "infra.engine_entry"], env=env, cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    stub = None
+    try:
+        time.sleep(6)  # imports, then at least two refused health checks
+        assert entry.poll() is None, f"exited while the API was down: {entry.stderr.read()[-2000:]}"
+        stub = subprocess.Popen([sys.executable, "-c", STUB_SERVER, str(port), str(requests)], cwd=tmp_path)
+        entry.wait(timeout=120)
+        paths = requests.read_text().splitlines()
+        assert paths[0] == "/api/health"
+        assert any(flow_run_id in p for p in paths[1:]), paths
+    finally:
+        for proc in (entry, stub):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def run(status: str, metrics: dict | None = None, tags: dict | None = None):
