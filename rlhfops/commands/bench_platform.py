@@ -144,7 +144,7 @@ def register_bench(bench_app: typer.Typer) -> None:
             r = result["restart"]
             bad = (r["error"] or not r["worker_survived"] or result["unclear_runs"] or result["half_written"]
                    or result["lost_runs"] or result["duplicated_runs"] or result["left_running"]
-                   or result["submit_errors"])
+                   or result["submit_errors"] or result["nightly_exit"] not in (None, 0))
         if bad:
             raise typer.Exit(1)
 

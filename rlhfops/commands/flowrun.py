@@ -87,6 +87,14 @@ def run_flow(console, flow_obj, what: str, server: start_prefect_api | None = No
         if server.error is not None:
             console.print(f"[red]Prefect API not reachable[/red]: {server.error}")
             raise typer.Exit(1)
+    if not on_temporary_server():
+        from infra.provision import APIUnreachable, wait_for_api
+
+        try:  # the server may have gone down since the start: the flow's first request would fail at once
+            wait_for_api(budget_s=START_API_WAIT_S)
+        except APIUnreachable as err:
+            console.print(f"[red]Prefect API not reachable[/red]: {err}")
+            raise typer.Exit(1) from None
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bar, (no_heartbeats() if on_temporary_server() else nullcontext()):
         flow_progress.install(flow_progress.RichReporter(bar, console))
