@@ -200,7 +200,9 @@ def _bench(console, cfg, env: dict, jobs: int, steps: int, nightly: bool, timeou
         if nightly:
             nightly_proc = subprocess.Popen(
                 [_bin("rlhfops"), "nightly", "--quick", "--no-detectors", "--out", str(root / "bench-nightly"),
-                 "--cache-dir", str(root / "bench-cache")], env=env, cwd=root,
+                 "--cache-dir", str(root / "bench-cache"),
+                 # it runs in the stack's directory: the sweep stage's spec by its path in this checkout
+                 "--sweep-spec", str(REPO / "configs" / "sweeps" / "example.yaml")], env=env, cwd=root,
                 stdout=open(root / "logs" / "nightly.log", "ab"), stderr=subprocess.STDOUT)
         t_start = time.time()
         threads = [threading.Thread(target=submit, args=(i, n)) for i, n in enumerate(names)]
