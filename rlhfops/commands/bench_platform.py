@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: what a store write error looks like in the servers' logs (PostgreSQL, Prefect, MLflow)
 WRITE_ERROR = re.compile(r"deadlock detected|could not serialize|database is locked|too many clients|"
                          r"IntegrityError|OperationalError|InternalError|duplicate key|Internal Server Error|"
+                         r"Duplicate task_run, discarding|"
                          r"\b50[0-9]\b .*(POST|PATCH|PUT)|(POST|PATCH|PUT).* 50[0-9]\b", re.IGNORECASE)
 
 
@@ -34,7 +35,11 @@ def _bin(name: str) -> str:
 #: a conflict the store answers and the client handles: MLflow creates a registered model by inserting it, and
 #: when another job of the same tenant inserted it first, PostgreSQL logs this and MLflow answers
 #: RESOURCE_ALREADY_EXISTS, which the registering client takes as "the model exists" (no write is lost)
-HANDLED_CONFLICT = re.compile(r'duplicate key value violates unique constraint "registered_model_pk"')
+#: Likewise Prefect's task-run recorder (server side) inserts a task run from its events and, when another batch
+#: inserted the same id first, PostgreSQL logs `pk_task_run` and the recorder retries the upsert against the row now
+#: there; only a retry that fails too loses the event, and then the server logs "Duplicate task_run, discarding"
+#: (a WRITE_ERROR)
+HANDLED_CONFLICT = re.compile(r'duplicate key value violates unique constraint "(registered_model_pk|pk_task_run)"')
 
 
 def log_offsets(root: Path) -> dict[str, int]:
@@ -394,7 +399,7 @@ def _print(console, r: dict) -> None:
     t.add_row("submission to start", f"p50 {fmt(r['latency_p50_s'])}, p95 {fmt(r['latency_p95_s'])}")
     t.add_row("errors", str(len(r["errors"])) + ("" if not r["errors"] else f": {r['errors'][:3]}"))
     t.add_row("store write errors (server logs)", f"{sum(len(v) for v in r['store_write_errors'].values())} "
-              f"(+ {r['handled_conflicts']} handled 'registered model exists' conflicts)")
+              f"(+ {r['handled_conflicts']} handled conflicts: registered model or task run exists)")
     t.add_row("registry versions per tenant model", ", ".join(f"{k} {v}" for k, v in r["registry_versions"].items()))
     t.add_row("MLflow runs lost / duplicated / left RUNNING",
               f"{len(r['lost_runs'])} / {len(r['duplicated_runs'])} / {len(r['left_running'])}")
