@@ -11,7 +11,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -121,7 +120,7 @@ def test_bench_restart_flags_exit_2_naming_the_flag_before_any_stack_starts(tmp_
 def test_engine_entry_waits_for_the_api_then_hands_the_flow_run_to_prefects_engine(tmp_path):
     """A flow-run process started while the server is down (what a process worker does during a restart): Prefect's
     engine alone exits 1 at its first request; through infra.engine_entry it waits, and once the API answers the
-    engine asks it for the flow run (the stand-in answers nonsense, so the engine then fails: that part is Prefect's)."""
+    engine asks it for the flow run (the stand-in answers nonsense, so the engine then fails: that is Prefect's)."""
     import subprocess
 
     port, requests = S.free_port(), tmp_path / "requests.log"
@@ -189,3 +188,45 @@ def test_clear_end_needs_a_final_prefect_state_that_mlflow_agrees_with():
     assert not clear_end(True, False, run("FINISHED"), 1)
     assert not clear_end(True, True, None, 0)  # Completed with no MLflow run: lost
     assert not clear_end(True, True, run("FINISHED"), 2)  # duplicated
+
+
+def test_retry_unreachable_waits_and_retries_only_a_failure_to_reach_the_api(monkeypatch):
+    """What a fresh Prefect client raises during a restart (a ConnectError, or an error raised from one, as the GPU
+    slot acquisition's ConcurrencySlotAcquisitionError) is retried after waiting for the API; anything else is not."""
+    import httpx
+
+    from infra import provision
+
+    waits = []
+    monkeypatch.setattr(provision, "wait_for_api", lambda *a, **k: waits.append(1) or 0.0)
+
+    def failing(errors):
+        calls = []
+
+        def fn():
+            calls.append(1)
+            if errors:
+                raise errors.pop(0)
+            return "done"
+        return fn, calls
+
+    def raised_from(err):
+        try:
+            raise err
+        except Exception as inner:
+            try:
+                raise RuntimeError("Unable to acquire concurrency slots") from inner
+            except RuntimeError as outer:
+                return outer
+
+    fn, calls = failing([httpx.ConnectError("refused"), raised_from(httpx.ConnectError("refused"))])
+    assert provision.retry_unreachable(fn) == "done" and len(calls) == 3 and len(waits) == 2
+    waits.clear()
+    fn, calls = failing([ValueError("bad")])
+    with pytest.raises(ValueError):
+        provision.retry_unreachable(fn)
+    assert len(calls) == 1 and waits == []
+    fn, calls = failing([httpx.ConnectError("refused")] * 3)
+    with pytest.raises(httpx.ConnectError):
+        provision.retry_unreachable(fn, attempts=3)
+    assert len(calls) == 3 and len(waits) == 2
