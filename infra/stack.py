@@ -361,6 +361,10 @@ def prefect_command(cfg: StackConfig) -> tuple[list[str], dict[str, str]]:
            "PREFECT_HOME": str(cfg.root / "prefect-home"),
            "PREFECT_API_DATABASE_CONNECTION_URL": cfg.db_url("prefect", "postgresql+asyncpg"),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           # concurrency-slot leases on disk (DIR/prefect-home/concurrency_leases), not in the server's memory: a
+           # restarted server forgot the leases of the slots held across it, their release found no lease and freed
+           # nothing, and the GPU-slot limit stayed full (the next job waited forever)
+           "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "prefect.server.concurrency.lease_storage.filesystem",
            # the bundled UI asks this URL for the API (it would ask :4200 otherwise)
            "PREFECT_UI_API_URL": cfg.prefect_api_url,
            "PREFECT_LOGGING_LEVEL": os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING")}
