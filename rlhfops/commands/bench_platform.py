@@ -149,7 +149,8 @@ def register_bench(bench_app: typer.Typer) -> None:
             r = result["restart"]
             bad = (r["error"] or not r["worker_survived"] or result["unclear_runs"] or result["half_written"]
                    or result["lost_runs"] or result["duplicated_runs"] or result["left_running"]
-                   or result["submit_errors"] or result["nightly_exit"] not in (None, 0))
+                   or result["submit_errors"] or result["nightly_exit"] not in (None, 0)
+                   or result["task_runs_not_final"])
         if bad:
             raise typer.Exit(1)
 
@@ -308,6 +309,7 @@ def _bench(console, cfg, env: dict, jobs: int, steps: int, nightly: bool, timeou
         for e in ended.values():
             by_state[e["prefect_state"]] = by_state.get(e["prefect_state"], 0) + 1
         extra = {"restart": restart_record, "poll_failures": poll_failures, "ended": ended,
+                 "task_runs_not_final": task_runs_not_final(), "dropped_events": dropped_events(root, offsets),
                  "ended_by_state": by_state,
                  "not_completed": {n: f"{e['prefect_state']}: {e['message']}" for n, e in ended.items()
                                    if e["prefect_state"] != "Completed"},
@@ -370,6 +372,39 @@ def clear_end(prefect_final: bool, prefect_completed: bool, run, n_runs: int) ->
     return run.info.status in ("FAILED", "KILLED")
 
 
+def task_runs_not_final() -> list[str]:
+    """Task runs the Prefect server still holds Pending or Running once every flow run has ended (the bench asks
+    after the jobs and the nightly are done): Prefect records task-run states from events, and an event a client
+    could not send during the restart is lost, so a task run that completed can stay Running there."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterState, TaskRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+
+    time.sleep(10)  # the server records events in batches
+    flt = TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.PENDING,
+                                                                                   StateType.RUNNING])))
+    with get_client(sync_client=True) as c:
+        return [f"{tr.name}: {tr.state.name if tr.state else 'no state'}"
+                for tr in c.read_task_runs(task_run_filter=flt, limit=500)]
+
+
+#: what Prefect's events client logs when it drops an event it could not send (the server was down)
+DROPPED_EVENT = re.compile(r"Service 'EventsWorker' failed to process item Event\(.*?event='([^']+)'")
+
+
+def dropped_events(root: Path, offsets: dict[str, int]) -> list[str]:
+    """The events the worker's flow runs and the nightly dropped (by their logs): task-run state changes the server
+    never recorded."""
+    found = []
+    for name in ("worker.log", "nightly.log"):
+        path = root / "logs" / name
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(offsets.get(name, 0))
+                found += [f"{name}: {m.group(1)}" for m in DROPPED_EVENT.finditer(f.read().decode(errors="replace"))]
+    return found
+
+
 def _restart_prefect(console, root: Path, t_submitted: float, after_s: float, down_s: float, record: dict) -> None:
     """The fault: `after_s` seconds after the submissions, stop the stack's Prefect server, keep it down `down_s`,
     start it again (infra.stack.restart_service). Fills `record` (times relative to the last submission)."""
@@ -411,7 +446,9 @@ def _print(console, r: dict) -> None:
         t.add_row("how the runs ended (Prefect)", ", ".join(f"{k} {v}" for k, v in sorted(r["ended_by_state"].items())))
         t.add_row("runs in no clear state / half-written in MLflow",
                   f"{len(r['unclear_runs'])} / {len(r['half_written'])}")
+        t.add_row("task runs left Pending/Running in Prefect / events dropped by clients",
+                  f"{len(r['task_runs_not_final'])} / {len(r['dropped_events'])}")
     console.print(t)
-    keys = ("errors", "store_write_errors") + (("not_completed", "half_written", "unclear_runs") if "restart" in r
-                                               else ())
+    keys = ("errors", "store_write_errors") + (("not_completed", "half_written", "unclear_runs",
+                                                "task_runs_not_final", "dropped_events") if "restart" in r else ())
     console.print(json.dumps({k: r[k] for k in keys}, indent=1)[:3000])
