@@ -1,7 +1,7 @@
 """The Prefect-restart fault case of `rlhfops bench platform` (issue 16), at unit level: `infra.stack.restart_service`
 against a stand-in server (a few lines of Python answering the health URL with its own PID), the bench's flag
 checks (exit 2 before any stack starts), and its verdicts on hand-built MLflow runs (half-written, clear end).
-The bench itself is a measurement run by hand (docs/stack.md). Wall: about 5 s."""
+The bench itself is a measurement run by hand (docs/stack.md). Wall: about 15 s."""
 
 from __future__ import annotations
 
