@@ -385,7 +385,7 @@ def task_runs_not_final() -> list[str]:
                                                                                    StateType.RUNNING])))
     with get_client(sync_client=True) as c:
         return [f"{tr.name}: {tr.state.name if tr.state else 'no state'}"
-                for tr in c.read_task_runs(task_run_filter=flt, limit=500)]
+                for tr in c.read_task_runs(task_run_filter=flt, limit=200)]  # the API's maximum page
 
 
 #: what Prefect's events client logs when it drops an event it could not send (the server was down)
