@@ -302,8 +302,12 @@ class SlotPool:
         try:
             from prefect.client.orchestration import get_client
 
-            with get_client(sync_client=True) as c:
-                c.upsert_global_concurrency_limit_by_name(self.name, self.size)
+            def upsert() -> None:
+                with get_client(sync_client=True) as c:
+                    c.upsert_global_concurrency_limit_by_name(self.name, self.size)
+
+            # a server restarting is waited out, not taken for a server that cannot hold the limit
+            retry_unreachable(upsert)
             return "prefect"
         except Exception as err:  # noqa: BLE001 - any server that cannot hold the limit means the fallback
             self.reason = f"{type(err).__name__}: {err}"
@@ -316,9 +320,14 @@ class SlotPool:
             raise BadInput(f"slots: a job asks for {n} GPU slots but the pool has {self.size}")
         t0 = time.perf_counter()
         if self.backend == "prefect":
+            from contextlib import ExitStack
+
             from prefect.concurrency.sync import concurrency
 
-            with concurrency(self.name, occupy=n, timeout_seconds=timeout_s, strict=True):
+            with ExitStack() as held:
+                # the acquisition is a fresh client's request: a server restart made it ConcurrencySlotAcquisitionError
+                retry_unreachable(lambda: held.enter_context(
+                    concurrency(self.name, occupy=n, timeout_seconds=timeout_s, strict=True)))
                 wait = time.perf_counter() - t0
                 self.waits.append(wait)
                 yield wait
@@ -440,6 +449,37 @@ def wait_for_api(budget_s: float | None = None, first_delay_s: float = 1.0, max_
         logged = True
         sleep(delay)
         delay = min(delay * 2, max_delay_s)
+
+
+def unreachable_api(err: BaseException) -> bool:
+    """The error (or one it was raised from) is a failure to reach the Prefect API: a transport error of httpx (a
+    refused connection, a reset, a timeout), as a fresh client raises it at once while the server restarts."""
+    import httpx
+
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, httpx.TransportError):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def retry_unreachable(fn: Callable[[], Any], attempts: int = 3) -> Any:
+    """`fn()`; when it fails to reach the Prefect API (`unreachable_api`), wait for the API (`wait_for_api`) and call
+    it again, up to `attempts` calls in all. For the requests Prefect makes through a fresh client (the runtime's
+    deployment lookup, a concurrency-slot acquisition), which it does not retry on a refused connection: a server
+    restart then became a failed job. Any other error, and the last attempt's, propagates."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except Exception as err:
+            if attempt == attempts or not unreachable_api(err):
+                raise
+            _log().warning("Prefect API unreachable (%s: %s); waiting for it, then trying again",
+                           type(err).__name__, err)
+            wait_for_api()
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
 def _log():

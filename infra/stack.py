@@ -361,6 +361,10 @@ def prefect_command(cfg: StackConfig) -> tuple[list[str], dict[str, str]]:
            "PREFECT_HOME": str(cfg.root / "prefect-home"),
            "PREFECT_API_DATABASE_CONNECTION_URL": cfg.db_url("prefect", "postgresql+asyncpg"),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           # concurrency-slot leases on disk (DIR/prefect-home/concurrency_leases), not in the server's memory: a
+           # restarted server forgot the leases of the slots held across it, their release found no lease and freed
+           # nothing, and the GPU-slot limit stayed full (the next job waited forever)
+           "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "prefect.server.concurrency.lease_storage.filesystem",
            # the bundled UI asks this URL for the API (it would ask :4200 otherwise)
            "PREFECT_UI_API_URL": cfg.prefect_api_url,
            "PREFECT_LOGGING_LEVEL": os.environ.get("PREFECT_LOGGING_LEVEL", "WARNING")}
@@ -440,6 +444,55 @@ def down(root: Path, log=print, strict: bool = True) -> dict[str, list[int]]:
     state["stopped_at"] = time.time()
     write_state(root, state)
     return leftovers
+
+
+#: the services `restart_service` can stop and start on their own (PostgreSQL holds the data: it is not one of them)
+RESTARTABLE = ("prefect", "mlflow")
+
+
+def _service_command(name: str, cfg: StackConfig) -> tuple[list[str], dict[str, str]]:
+    # looked up at call time, so a test can stand a stub in for a server
+    return {"prefect": prefect_command, "mlflow": mlflow_command}[name](cfg)
+
+
+def _health_url(name: str, cfg: StackConfig) -> str:
+    return {"prefect": f"{cfg.prefect_api_url}/health", "mlflow": f"{cfg.mlflow_url}/health"}[name]
+
+
+def restart_service(root: Path, name: str, down_s: float = 0.0, timeout_s: float = 180.0,
+                    sleep=time.sleep, log=print) -> dict:
+    """Stop one server of a running stack (every process of its session), keep it down `down_s` seconds, then
+    start it again with the same command: the same port and the same PostgreSQL database, so it comes back with
+    the state it had. DIR/stack.json and DIR/pids/NAME.pid then name the new session (so `down` stops the new
+    process), and the state's `restarts` list records the event. Returns that record: the old and new PIDs, the
+    wall-clock times it was stopped and answered again, and the seconds it was down (stopped to answering)."""
+    if name not in RESTARTABLE:
+        raise BadInput(f"service: '{name}' cannot be restarted on its own; pick one of {', '.join(RESTARTABLE)}")
+    root = Path(root).resolve()
+    state = read_state(root)
+    old = state.get("sessions", {}).get(name)
+    if not old or not session_members(old):
+        raise StackError(f"{name} is not running in the stack at {root}; `rlhfops stack up` it first")
+    cfg = StackConfig.load(root)
+    left = stop_session(old)
+    if left:
+        raise StackError(f"{name}: processes left after stopping it: {left}")
+    stopped_at = time.time()
+    log(f"{name:9s} stopped (pid {old}); down for {down_s:.0f} s")
+    sleep(down_s)
+    cmd, env = _service_command(name, cfg)
+    new = _spawn(name, cmd, env, root)
+    state = read_state(root)  # re-read: nothing else may have changed it meanwhile, but write back what is there
+    state.setdefault("sessions", {})[name] = new
+    write_state(root, state)
+    _wait_http(_health_url(name, cfg), new, name, root, timeout_s)
+    answered_at = time.time()
+    record = {"service": name, "old_pid": old, "new_pid": new, "stopped_at": stopped_at, "answered_at": answered_at,
+              "down_s": answered_at - stopped_at}
+    state.setdefault("restarts", []).append(record)
+    write_state(root, state)
+    log(f"{name:9s} answering again (pid {new}) after {record['down_s']:.1f} s down")
+    return record
 
 
 def status(root: Path) -> dict[str, dict]:

@@ -28,8 +28,11 @@ def flow_context() -> dict[str, str]:
     """Tags that tie an MLflow run to the Prefect flow run that made it."""
     from prefect.runtime import flow_run
 
+    from infra.provision import retry_unreachable
+
+    # the deployment lookup is a fresh client's request: during a server restart it failed the flow at once
     return {T.FLOW_RUN_TAG: str(flow_run.id or "none"), "prefect.flow_name": str(flow_run.flow_name or ""),
-            T.DEPLOYMENT_TAG: deployment_name()}
+            T.DEPLOYMENT_TAG: retry_unreachable(deployment_name)}
 
 
 def deployment_name() -> str:

@@ -45,15 +45,22 @@ class start_prefect_api(threading.Thread):  # noqa: N801 - used like a function
         try:
             from prefect.client.orchestration import get_client
 
-            from infra.provision import own_temporary_server
+            from infra.provision import own_temporary_server, wait_for_api
             from infra.tracking import orm_import_guard
 
             with orm_import_guard():  # imports Prefect's server (ORM classes) while the CLI opens the MLflow store
                 own_temporary_server()  # a temporary server, if one starts, dies with this process (even on kill -9)
+            # a configured server that is restarting: wait it out (a nightly started then exited 1 at once); returns
+            # at once on the temporary server and on one that answers
+            wait_for_api(budget_s=START_API_WAIT_S)
             with get_client(sync_client=True) as client:
                 client.hello()
         except BaseException as err:  # noqa: BLE001 - reported by the caller
             self.error = err
+
+
+#: how long a command waits at start for a configured Prefect API that does not answer (a server restart)
+START_API_WAIT_S = 120.0
 
 
 def on_temporary_server() -> bool:
@@ -80,6 +87,14 @@ def run_flow(console, flow_obj, what: str, server: start_prefect_api | None = No
         if server.error is not None:
             console.print(f"[red]Prefect API not reachable[/red]: {server.error}")
             raise typer.Exit(1)
+    if not on_temporary_server():
+        from infra.provision import APIUnreachable, wait_for_api
+
+        try:  # the server may have gone down since the start: the flow's first request would fail at once
+            wait_for_api(budget_s=START_API_WAIT_S)
+        except APIUnreachable as err:
+            console.print(f"[red]Prefect API not reachable[/red]: {err}")
+            raise typer.Exit(1) from None
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bar, (no_heartbeats() if on_temporary_server() else nullcontext()):
         flow_progress.install(flow_progress.RichReporter(bar, console))
