@@ -34,7 +34,7 @@ from scheduling.live import LiveRound
 from tasks.timing import clock
 from tasks.tracking import parent_run
 from tasks.training import PrefectJobHooks, resolve_train_config
-from training.lifecycle import JOB_DONE, JobSpec, job_record, paused_run, rewind_to, run_job
+from training.lifecycle import JOB_DONE, JobSpec, job_record, paused_run, reopen_paused, run_job
 
 #: the default round: five tenants, one job each; two are set up to over-optimise the proxy reward
 DEFAULT_JOBS: list[dict[str, Any]] = [
@@ -100,9 +100,8 @@ def platform_job(spec: dict[str, Any], cfg, observe, rc: RoundContext, paused: A
 
     job = f"{spec['tenant']}/{spec['name']}"
     out = Path(rc.out_dir) / spec["tenant"] / spec["name"]
-    if paused is not None:  # the checkpoints after the kept one go; the steps up to it are replayed, not charged
-        rewind_to(out, paused.best_step)
-        (out / JOB_DONE).unlink()
+    if paused is not None:  # continue from the kept checkpoint
+        reopen_paused(out, paused)
     else:
         fresh_run_dir(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -127,10 +126,8 @@ def platform_job(spec: dict[str, Any], cfg, observe, rc: RoundContext, paused: A
                "jct_s": outcome.slot_end - rc.round_start, "run_s": outcome.slot_end - started}
     with clock.span("tracking"):
         T.log_metrics(run_id, metrics)
-        if paused is not None:
-            T.set_tags(run_id, {"resumed_from_run": paused.run_id, "resumed_from_step": paused.best_step,
-                                "paused_at_step": paused.paused_step})
-        T.set_tags(run_id, {"run_state": status.label, "decision": outcome.decision,
+        T.set_tags(run_id, {**(paused.tags() if paused is not None else {}),
+                            "run_state": status.label, "decision": outcome.decision,
                             "alerts": json.dumps([e.alert for e in sup.events]),
                             "failure_class": status.failure.value if status.failure else "",
                             "best_checkpoint": best["checkpoint"] if best else "",

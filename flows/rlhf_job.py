@@ -28,7 +28,7 @@ from tasks.retry import backoff
 from tasks.timing import clock
 from tasks.tracking import error_tags, parent_run
 from tasks.training import PrefectJobHooks, register_checkpoint, resolve_train_config
-from training.lifecycle import JOB_DONE, JobSpec, job_record, paused_run, rewind_to, run_job
+from training.lifecycle import JOB_DONE, JobSpec, job_record, paused_run, reopen_paused, run_job
 from training.rundir import locked_run_dir
 
 
@@ -139,9 +139,8 @@ def rlhf_job_internal(
                             "gpus": gpus, "gpu_kind": gpu_kind, "detector": detector, **flatten(resolved)},
                     fail_rate=fail_rate, fault_seed=fault_seed, retry_delay_s=retry_delay_s,
                     failure_tags=failure_tags) as run:
-        if paused is not None:  # continue from the kept checkpoint: the later ones go, the ledger stays
-            rewind_to(out, paused.best_step)
-            (out / JOB_DONE).unlink()
+        if paused is not None:  # continue from the kept checkpoint
+            reopen_paused(out, paused)
         elif not resume or (out / JOB_DONE).exists():
             fresh_run_dir(out)
         (out / "config.resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
@@ -196,8 +195,7 @@ def rlhf_job_internal(
                 "alerts": json.dumps([e.alert for e in sup.events]),
                 "slots_backend": slots.backend, "state_history": json.dumps(sup.machine.labels())[:5000]}
         if paused is not None:
-            tags.update(resumed_from_run=paused.run_id, resumed_from_step=paused.best_step,
-                        paused_at_step=paused.paused_step)
+            tags.update(paused.tags())
         (out / "scores.json").write_text(json.dumps(scores, indent=2))
         log_job_plots(run_id, records, out, job)
         run.close(metrics=job_metrics, tags=tags,

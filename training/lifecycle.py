@@ -50,6 +50,11 @@ class PausedRun:
     reason: str
     best_step: int
 
+    def tags(self) -> dict[str, Any]:
+        """The MLflow tags of the run that continues this one."""
+        return {"resumed_from_run": self.run_id, "resumed_from_step": self.best_step,
+                "paused_at_step": self.paused_step}
+
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -359,6 +364,13 @@ def rewind_to(out_dir: str | Path, step: int) -> list[str]:
             shutil.rmtree(ckpt)
             dropped.append(ckpt)
     return dropped
+
+
+def reopen_paused(out_dir: str | Path, paused: PausedRun) -> None:
+    """Make the paused run in `out_dir` resumable: the checkpoints after the kept one go (`rewind_to`) and its
+    `job.json` with them; the ledger and the steps up to the kept checkpoint stay (they are replayed, not charged)."""
+    rewind_to(out_dir, paused.best_step)
+    (Path(out_dir) / JOB_DONE).unlink()
 
 
 def job_record(outcome: JobOutcome) -> dict[str, Any]:
