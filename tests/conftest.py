@@ -48,6 +48,16 @@ def warm_start_cache(request, tmp_path_factory):
 
 
 @pytest.fixture()
+def tiny_platform_job():
+    """Overrides that make the platform round's PPO job tiny (small models, few pairs and SFT steps; jobs with
+    these settings share one warm start)."""
+    return {"policy.hidden_size": 32, "policy.num_layers": 1, "policy.intermediate_size": 64,
+            "reward.hidden_size": 32, "reward.num_layers": 1, "reward.intermediate_size": 64,
+            "task.n_pairs": 64, "task.sft_steps": 20, "task.n_train_prompts": 32, "task.n_heldout_prompts": 8,
+            "ppo.batch_size": 8, "ppo.max_new_tokens": 16, "eval_prompts": 8}
+
+
+@pytest.fixture()
 def mlflow_store(tmp_path, monkeypatch):
     """A SQLite MLflow store of the test's own (absolute path: threads and worker processes share it)."""
     from infra import tracking as T

@@ -16,22 +16,17 @@ import pytest
 
 from common.errors import BadInput
 
-#: a tiny job (small models, few pairs): the round's gate and checkpoints come every 2 steps
-TINY = {"policy.hidden_size": 32, "policy.num_layers": 1, "policy.intermediate_size": 64,
-        "reward.hidden_size": 32, "reward.num_layers": 1, "reward.intermediate_size": 64,
-        "task.n_pairs": 64, "task.sft_steps": 20, "task.n_train_prompts": 32, "task.n_heldout_prompts": 8,
-        "ppo.batch_size": 8, "ppo.max_new_tokens": 16, "eval_prompts": 8}
-
 
 @pytest.mark.slow
-def test_a_round_resumes_the_job_its_scheduler_paused(prefect_server, mlflow_store, tmp_path, warm_start_cache):
+def test_a_round_resumes_the_job_its_scheduler_paused(prefect_server, mlflow_store, tmp_path, warm_start_cache,
+                                                       tiny_platform_job):
     from flows.platform_round import platform_job_config, platform_round
     from training.lifecycle import JOB_DONE
 
     steps = 8
     gate_every = platform_job_config(steps, str(warm_start_cache))["eval_every"]
     first_half = next(s for s in range(gate_every, steps + 1, gate_every) if s / steps >= 0.5)
-    jobs = [{"tenant": "globex", "name": "paused", "overrides": TINY}]
+    jobs = [{"tenant": "globex", "name": "paused", "overrides": tiny_platform_job}]
     out = tmp_path / "round"
     common = dict(jobs=jobs, slots=1, steps=steps, out_dir=str(out), cache_dir=str(warm_start_cache),
                   retry_delay_s=0.1, slot_limit=f"gpu-slots-test-{uuid.uuid4().hex[:8]}")

@@ -29,15 +29,8 @@ def test_max_overlap_oracle():
     assert max_overlap([(0, 5), (1, 2), (1.5, 3)]) == 3
 
 
-#: tiny jobs: small models, few pairs and SFT steps (shared warm start: same task and model settings)
-TINY = {"policy.hidden_size": 32, "policy.num_layers": 1, "policy.intermediate_size": 64,
-        "reward.hidden_size": 32, "reward.num_layers": 1, "reward.intermediate_size": 64,
-        "task.n_pairs": 64, "task.sft_steps": 20, "task.n_train_prompts": 32, "task.n_heldout_prompts": 8,
-        "ppo.batch_size": 8, "ppo.max_new_tokens": 16, "eval_prompts": 8}
-
-
 @pytest.mark.slow
-def test_platform_round_more_jobs_than_slots(prefect_server, tmp_path, monkeypatch):
+def test_platform_round_more_jobs_than_slots(prefect_server, tmp_path, monkeypatch, tiny_platform_job):
     """Five one-GPU jobs of different lengths on two slots under SJF-Est: the start order is shortest first
     (ties by submission), no instant has more than two jobs holding slots (from each job's own slot-held
     times), a queued job starts only after a running one ended, and every job ends SUCCEEDED/completed."""
@@ -46,7 +39,8 @@ def test_platform_round_more_jobs_than_slots(prefect_server, tmp_path, monkeypat
     from flows.platform_round import platform_round
 
     factors = [1.0, 0.5, 0.75, 0.5, 1.25]  # x steps=8 -> 8, 4, 6, 4, 10 steps
-    jobs = [{"tenant": f"t{i}", "name": f"j{i}", "overrides": TINY, "steps_factor": f} for i, f in enumerate(factors)]
+    jobs = [{"tenant": f"t{i}", "name": f"j{i}", "overrides": tiny_platform_job, "steps_factor": f}
+            for i, f in enumerate(factors)]
     slots, steps = 2, 8
     t0 = time.perf_counter()
     res = platform_round(jobs=jobs, scheduler="SJF-Est", slots=slots, steps=steps, out_dir=str(tmp_path / "round"),

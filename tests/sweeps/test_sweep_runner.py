@@ -11,18 +11,10 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
+from sweep_helpers import BASE
 
 from sweeps.runner import TrialOutcome
 
-BASE = {
-    "seed": 2, "steps": 12,
-    "policy": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
-    "reward": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
-    "task": {"n_train_prompts": 24, "n_heldout_prompts": 8, "n_pairs": 32, "rm_epochs": 1, "sft_steps": 40,
-             "long_mean_len": 10.0},
-    "ppo": {"batch_size": 4, "max_new_tokens": 12, "num_ppo_epochs": 1, "num_mini_batches": 1},
-    "checkpoint_every": 2, "eval_every": 2, "eval_prompts": 8,
-}
 # kl_coef -> held-out score at steps 2, 4, ..., 12 and the proxy reward (rising in the hacking run)
 HACK, HEALTHY, BROKEN = 0.01, 0.2, 0.5
 CURVES = {HACK: [0.3, 0.5, 0.4, 0.3, 0.2, 0.1], HEALTHY: [0.1, 0.2, 0.3, 0.4, 0.5, 0.6], BROKEN: [0.0] * 6}

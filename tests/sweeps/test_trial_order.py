@@ -12,20 +12,12 @@ import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
+from sweep_helpers import BASE
 
 from sweeps.runner import SweepRunner, TrialOutcome
 from sweeps.spec import parse_spec
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
-BASE = {
-    "seed": 2, "steps": 12,
-    "policy": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
-    "reward": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
-    "task": {"n_train_prompts": 24, "n_heldout_prompts": 8, "n_pairs": 32, "rm_epochs": 1, "sft_steps": 40,
-             "long_mean_len": 10.0},
-    "ppo": {"batch_size": 4, "max_new_tokens": 12, "num_ppo_epochs": 1, "num_mini_batches": 1},
-    "checkpoint_every": 2, "eval_every": 2, "eval_prompts": 8,
-}
 BATCH = BASE["ppo"]["batch_size"]
 # steps x new tokens: products 8..96 with ties (2 x 8 = 4 x 4, 4 x 12 = 8 x 6...), so ties by ask order are exercised
 SPACE = {"steps": {"choice": [2, 4, 8]}, "ppo.max_new_tokens": {"choice": [4, 6, 8, 12]}}
