@@ -9,6 +9,7 @@ applies the hindsight rule of LABELS.md to every run of every source.
     nice .venv/bin/python data/curves/build_own_runs.py --runs 0-9    # train runs 0..9 (skips finished ones)
     .venv/bin/python data/curves/build_own_runs.py --assemble         # merge finished runs into the CSV
     ... --fresh                                                       # the same for the held-out fresh set
+    ... --holdout                                                     # ... and for the held-out set of v6
 
 Each run writes `runs/corpus-own/<run>.csv` when it finishes, so chunks can run in separate processes and a
 killed chunk resumes where it stopped. Everything is seeded (prompts, warm starts, sampling, PPO), so the same
@@ -38,6 +39,12 @@ SEEDS = (0, 1, 2, 3)
 #: to a source of its own (`own_ppo_fresh`), held out whole (split `fresh`, see eval/corpus.py)
 FRESH_SEEDS = (4, 5, 6, 7)
 FRESH_CSV = REPO / "data" / "curves" / "own_ppo_fresh" / "traces.csv"
+#: `--holdout`: declared before `noisepatience` v6 was chosen, read by no detector before v6 was committed: the grid
+#: on seeds 8-11, plus the two gameable-proxy variants on seeds 12-19 (hacking runs are what a useful-recall figure
+#: is short of); a source of its own (`own_ppo_holdout`), held out whole (split `holdout`)
+HOLDOUT_SEEDS = (8, 9, 10, 11)
+HOLDOUT_EXTRA_SEEDS = tuple(range(12, 20))
+HOLDOUT_CSV = REPO / "data" / "curves" / "own_ppo_holdout" / "traces.csv"
 
 #: (name, overrides on configs/ppo-healthy.yaml). Spans strong to weak KL, small to large learning rates and a
 #: proxy with a trigger-character bonus the gold scorer ignores (switched on part-way through training).
@@ -60,9 +67,14 @@ COLUMNS = ("run_id", "step", "eval_score", "eval_se", "reward", "loss", "kl", "e
            "response_len", "kl_coef", "actor_lr", "gameable", "seed")
 
 
-def grid(fresh: bool = False) -> list[tuple[str, dict, int]]:
-    """Every run of the corpus (`fresh`: of the held-out fresh set): (run_id, override dict, seed), in a fixed
+def grid(fresh: bool = False, holdout: bool = False) -> list[tuple[str, dict, int]]:
+    """Every run of the corpus (`fresh`, `holdout`: of that held-out set): (run_id, override dict, seed), in a fixed
     order."""
+    if holdout:
+        runs = [(f"own-holdout/{name}/seed{seed}", overrides, seed)
+                for name, overrides in VARIANTS for seed in HOLDOUT_SEEDS]
+        return runs + [(f"own-holdout/{name}/seed{seed}", overrides, seed)
+                       for name, overrides in VARIANTS if name.startswith("game") for seed in HOLDOUT_EXTRA_SEEDS]
     prefix, seeds = ("own-fresh", FRESH_SEEDS) if fresh else ("own", SEEDS)
     return [(f"{prefix}/{name}/seed{seed}", overrides, seed) for name, overrides in VARIANTS for seed in seeds]
 
@@ -139,9 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partial", action="store_true", help="with --assemble: merge the finished runs only")
     ap.add_argument("--fresh", action="store_true",
                     help=f"the held-out fresh set (seeds {FRESH_SEEDS}) instead of the corpus grid")
+    ap.add_argument("--holdout", action="store_true",
+                    help=f"the held-out set of noisepatience v6 (seeds {HOLDOUT_SEEDS[0]}-{HOLDOUT_EXTRA_SEEDS[-1]})")
     args = ap.parse_args(argv)
-    runs = grid(args.fresh)
-    out_csv = FRESH_CSV if args.fresh else OUT_CSV
+    if args.fresh and args.holdout:
+        ap.error("--fresh and --holdout name different sets: pass one")
+    runs = grid(args.fresh, args.holdout)
+    out_csv = HOLDOUT_CSV if args.holdout else FRESH_CSV if args.fresh else OUT_CSV
     if args.list:
         for i, (run_id, _, _) in enumerate(runs):
             print(i, run_id, "done" if _run_file(run_id).exists() else "")
