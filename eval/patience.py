@@ -1,14 +1,22 @@
 """Noise-scaled patience: the platform's default early-stop rule for real training curves.
 
-A run is stopped when its eval has stayed well below its best for `patience` checkpoints in a row:
+A run is stopped when its eval has stayed well below its best for `patience` checkpoints in a row, or, on a run
+that records the proxy reward, when its last `fast_window` evals have fallen much further (`fast_ratio` times the
+bar) while the proxy still rises:
 
 - every one of the last `patience` evals sits below the run's best by more than `z` noise SDs, the noise being
   the run's own, estimated online from its eval series (MAD of second differences / sqrt 6, floored by the
   gate's standard error where the trace reports one: `eval.detectors.RunNoise`);
 - and by more than `drawdown` of the range the run has covered so far (a very smooth curve, whose noise
   estimate is near zero, is not stopped for a dip in its last digits);
-- and, on a run that records the proxy reward, the proxy still rises over those checkpoints (least-squares
-  slope > 0): the reward-hacking signature; a run whose proxy falls with its eval has collapsed, not hacked.
+- and, on a run that records the proxy reward, the proxy still rises over the last `patience` checkpoints
+  (least-squares slope > 0): the reward-hacking signature; a run whose proxy falls with its eval has collapsed,
+  not hacked.
+
+The deep-drop path exists because a hacked policy's held-out score often collapses within a checkpoint or two
+late in a run (the proxy bonus takes over), and waiting `patience` checkpoints for it lets the run end first.
+It needs the full signature (a proxy that rises while the eval collapses) because a supervised validation curve
+has no proxy to confirm a single bad eval with; such runs are judged by the patience rule alone.
 
 The rule judges a run only once it has `WARMUP` checkpoints (the own noise estimate needs 6 second
 differences). A short run that reports its gate's SE, like the simulator's 7-checkpoint RLHF jobs, never gets
@@ -44,6 +52,9 @@ class _NoisePatienceMonitor(Monitor):
         self.noise = RunNoise()
         self.rewards: list[float] = []
 
+    def has_proxy(self) -> bool:
+        return any(r == r for r in self.rewards)
+
     def proxy_rises(self) -> bool:
         """The proxy's slope over the last `patience` checkpoints is positive; a run without a proxy passes,
         and so does a window with a missed proxy value (no evidence against the signature)."""
@@ -54,10 +65,16 @@ class _NoisePatienceMonitor(Monitor):
             return True
         return _slope(window) > 0.0
 
+    def window_statistic(self, w: int, sigma: float, best: float, low: float) -> float:
+        """The drop of the best of the last `w` evals below the run's best, in noise SDs, once that drop is also
+        more than `drawdown` of the range covered so far (0 otherwise)."""
+        drop = best - max(self.noise.evals[-w:])
+        return drop / sigma if drop > self.det.drawdown * (best - low) else 0.0
+
     def statistic(self) -> float:
-        """The largest `z` at which this checkpoint stops the run (0 when none): the drop of the best of the last
-        `patience` evals below the run's best, in units of the run's noise, once that drop is also more than
-        `drawdown` of the range covered so far and the proxy (if any) still rises."""
+        """The largest `z` at which this checkpoint stops the run (0 when none): over the `patience` window, the
+        window statistic itself; over the `fast_window` (if any), the window statistic / `fast_ratio` (a deeper
+        drop over fewer checkpoints); either only while the proxy (if any) still rises over `patience` checkpoints."""
         d = self.det
         evals = self.noise.evals
         if len(evals) < WARMUP or len(evals) <= d.patience:
@@ -65,11 +82,13 @@ class _NoisePatienceMonitor(Monitor):
         sigma = self.noise.sigma()
         if not sigma > 0.0:
             return 0.0  # second differences all equal: a straight line, nothing to judge a drop against
-        best, low = max(evals), min(evals)
-        drop = best - max(evals[-d.patience:])
-        if drop <= d.drawdown * (best - low) or not self.proxy_rises():
+        if not self.proxy_rises():
             return 0.0
-        return drop / sigma
+        best, low = max(evals), min(evals)
+        stat = self.window_statistic(d.patience, sigma, best, low)
+        if d.fast_window and self.has_proxy():
+            stat = max(stat, self.window_statistic(d.fast_window, sigma, best, low) / d.fast_ratio)
+        return stat
 
     def observe(self, cp: Checkpoint) -> bool:
         if cp.eval_score != cp.eval_score:  # a missed eval is no evidence either way
@@ -84,19 +103,24 @@ class _NoisePatienceMonitor(Monitor):
 
 class NoisePatience(Detector):
     """Stop when the last `patience` evals all sit more than `z` own-noise SDs and more than `drawdown` of the
-    range below the run's best while the proxy (if recorded) still rises; runs shorter than WARMUP checkpoints
-    with a gate SE are judged by the divergence slope test (`z_gate`, `short_ratio`, `window`) from `gate_from`
-    of their planned steps on. See the module docstring."""
+    range below the run's best while the proxy (if recorded) still rises, or (runs with a proxy) the last
+    `fast_window` evals by more than `fast_ratio * z` SDs (`fast_window` 0: no such path); runs shorter than
+    WARMUP checkpoints with a gate SE are judged by the divergence slope test (`z_gate`, `short_ratio`, `window`)
+    from `gate_from` of their planned steps on. See the module docstring."""
 
     name = "noisepatience"
     title = "NoisePatience"
     threshold = "z"
 
     def __init__(self, patience: int = 5, z: float = 2.0, drawdown: float = 0.5, z_gate: float = 0.475,
-                 short_ratio: float = 2.75, window: int = 4, gate_from: float = 0.5):
+                 short_ratio: float = 2.75, window: int = 4, gate_from: float = 0.5, fast_window: int = 1,
+                 fast_ratio: float = 2.5):
         if patience < 1 or z < 0 or not 0 <= drawdown < 1 or not 0 <= gate_from <= 1:
             raise ValueError("noisepatience: need patience >= 1, z >= 0, 0 <= drawdown < 1, 0 <= gate_from <= 1")
+        if not 0 <= fast_window < patience or not fast_ratio >= 1:
+            raise ValueError("noisepatience: need 0 <= fast_window < patience (0: off) and fast_ratio >= 1")
         self.patience, self.z, self.drawdown = int(patience), float(z), float(drawdown)
+        self.fast_window, self.fast_ratio = int(fast_window), float(fast_ratio)
         self.z_gate, self.short_ratio, self.window, self.gate_from = (float(z_gate), float(short_ratio), int(window),
                                                                       float(gate_from))
         # the gate phase only: every run leaves it (RunNoise's own estimate) at WARMUP checkpoints
@@ -107,4 +131,5 @@ class NoisePatience(Detector):
 
     def params(self) -> dict[str, Any]:
         return {"patience": self.patience, "z": self.z, "drawdown": self.drawdown, "z_gate": self.z_gate,
-                "short_ratio": self.short_ratio, "window": self.window, "gate_from": self.gate_from}
+                "short_ratio": self.short_ratio, "window": self.window, "gate_from": self.gate_from,
+                "fast_window": self.fast_window, "fast_ratio": self.fast_ratio}

@@ -38,23 +38,27 @@ def oracle_sigma(y: np.ndarray, se: float) -> float:
     return max(sd, se) if se > 0 else sd
 
 
-def oracle_stop(evals, patience, z, drawdown, rewards=None, se=NAN) -> int:
-    """The rule from its definition (long runs; no gate phase: runs without an SE, or judged after WARMUP)."""
+def oracle_stop(evals, patience, z, drawdown, rewards=None, se=NAN, fast_window=0, fast_ratio=1.0) -> int:
+    """The rule from its definition (long runs; no gate phase: runs without an SE, or judged after WARMUP): the
+    patience window at bar z, and on a run with a proxy the deep-drop window at bar fast_ratio * z."""
     y = np.asarray(evals, dtype=float)
+    windows = [(patience, z)] + ([(fast_window, fast_ratio * z)] if fast_window and rewards is not None else [])
     for t in range(WARMUP - 1, len(y)):
         seen = y[: t + 1]
         if len(seen) <= patience:
             continue
         sigma = oracle_sigma(seen, se)
-        best, low, recent = seen.max(), seen.min(), seen[-patience:].max()
-        if not sigma > 0 or best - recent <= drawdown * (best - low):
+        if not sigma > 0:
             continue
         if rewards is not None:
             w = np.asarray(rewards[t + 1 - patience: t + 1], dtype=float)
             if np.polyfit(np.arange(len(w)), w, 1)[0] <= 0:
                 continue
-        if (best - recent) / sigma > z:
-            return t
+        best, low = seen.max(), seen.min()
+        for width, bar in windows:
+            drop = best - seen[-width:].max()
+            if drop > drawdown * (best - low) and drop / sigma > bar:
+                return t
     return -1
 
 
@@ -70,9 +74,38 @@ def test_hand_computed_stops():
     # a 70% drawdown needs the last evals below 3: never (3 is not below 3)
     assert first_stop(NoisePatience(patience=3, z=0.0, drawdown=0.7), HAND) == -1
     # a proxy that falls over the window is a collapse, not hacking; a rising one is the signature
-    rising, falling = list(range(14)), list(range(8)) + [7 - k for k in range(6)]
-    assert first_stop(NoisePatience(patience=3, z=0.0, drawdown=0.5), HAND, rewards=rising) == 10
+    rising, falling = list(range(14)), list(range(7)) + [6 - k for k in range(7)]
+    assert first_stop(NoisePatience(patience=3, z=0.0, drawdown=0.5, fast_window=0), HAND, rewards=rising) == 10
     assert first_stop(NoisePatience(patience=3, z=0.0, drawdown=0.5), HAND, rewards=falling) == -1
+
+
+def test_hand_computed_deep_drop_stops():
+    # with a rising proxy the deep-drop window (1 checkpoint) stops at the first eval below half the range: HAND[8]
+    rising = list(range(14))
+    det = NoisePatience(patience=3, z=0.0, drawdown=0.5, fast_window=1, fast_ratio=3.0)
+    assert first_stop(det, HAND, rewards=rising) == 8
+    # without a proxy there is no deep-drop path: the patience rule's index 10
+    assert first_stop(det, HAND) == 10
+    # a proxy that falls over the patience window is a collapse: neither path
+    falling = list(range(7)) + [6 - k for k in range(7)]
+    assert first_stop(det, HAND, rewards=falling) == -1
+    # its bar is fast_ratio * z: at index 8 the drop is 10 - 3 = 7 noise-units over the own noise of HAND[:9]
+    sigma = oracle_sigma(np.array(HAND[:9], dtype=float), NAN)
+    for ratio in (1.0, 2.5, 4.0):
+        at_bar = 7 / sigma / ratio
+        assert first_stop(NoisePatience(patience=3, z=at_bar * 0.999, drawdown=0.5, fast_window=1, fast_ratio=ratio),
+                          HAND, rewards=rising) == 8
+        assert first_stop(NoisePatience(patience=3, z=at_bar * 1.001, drawdown=0.5, fast_window=1, fast_ratio=ratio),
+                          HAND, rewards=rising) != 8
+    # a wider deep-drop window needs its evals all below the line: 3, 4 first at index 9
+    assert first_stop(NoisePatience(patience=3, z=0.0, drawdown=0.5, fast_window=2), HAND, rewards=rising) == 9
+
+
+def test_deep_drop_window_must_be_shorter_than_patience():
+    with pytest.raises(ValueError, match="fast_window"):
+        NoisePatience(patience=3, fast_window=3)
+    with pytest.raises(ValueError, match="fast_ratio"):
+        NoisePatience(fast_ratio=0.5)
     # the noise bar: at index 10 the drop is 10 - 4 = 6 and the own noise of HAND[:11] is oracle_sigma
     sigma = oracle_sigma(np.array(HAND[:11], dtype=float), NAN)
     assert first_stop(NoisePatience(patience=3, z=6 / sigma * 0.999, drawdown=0.5), HAND) == 10
@@ -100,6 +133,22 @@ def test_matches_a_plain_reimplementation():
     # with a gate SE the noise is floored by it (runs judged from WARMUP on: no progress, no gate-phase stop)
     for se in (0.5, 5.0):
         assert [first_stop(det, y, se=se) for y in runs] == [oracle_stop(y, 4, 1.5, 0.3, se=se) for y in runs]
+
+
+def test_runs_with_a_proxy_match_a_plain_reimplementation():
+    rng = np.random.default_rng(23)
+    runs = random_runs(150, seed=19)
+    # proxies that rise with noise (the patience slope test passes on some windows, fails on others)
+    proxies = [np.cumsum(rng.normal(0.3, 1.0, len(y))) for y in runs]
+    for fast_window, fast_ratio in ((1, 2.5), (2, 1.5)):
+        det = NoisePatience(patience=4, z=1.5, drawdown=0.3, fast_window=fast_window, fast_ratio=fast_ratio)
+        stops = [first_stop(det, y, rewards=r) for y, r in zip(runs, proxies, strict=True)]
+        want = [oracle_stop(y, 4, 1.5, 0.3, rewards=r, fast_window=fast_window, fast_ratio=fast_ratio)
+                for y, r in zip(runs, proxies, strict=True)]
+        assert stops == want
+        # the deep-drop path changes some verdicts here (the comparison covers it)
+        slow = [oracle_stop(y, 4, 1.5, 0.3, rewards=r) for y, r in zip(runs, proxies, strict=True)]
+        assert sum(a != b for a, b in zip(stops, slow, strict=True)) >= 5
 
 
 @pytest.mark.parametrize("a,b", [(2.0**-7, 0.0), (2.0**5, -17.0), (1e-3, 1e3), (250.0, 0.1)])
