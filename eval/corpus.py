@@ -5,8 +5,8 @@ with the metric's `direction` (`max` or `min`). `data/curves/runs.csv` is the pe
 `data/curves/build_index.py` from the two rules here:
 
 - `hindsight_label`: the label rule of `data/curves/LABELS.md` (written before any detector ran on the corpus);
-- `split_of`: the seeded tune/report split of `data/curves/README.md`; a source in `FRESH_SOURCES` (runs
-  recorded after the default detector was chosen and calibrated) is held out whole as the split `fresh`.
+- `split_of`: the seeded tune/report split of `data/curves/README.md`; a source in `HELD_OUT_SOURCES` (runs
+  recorded after a version of the default detector was chosen and calibrated) is held out whole as its own split.
 
 `load_corpus()` joins both into one long DataFrame in the trace format the detectors read, plus `source`,
 `direction`, `label`, `peak_step` and `split`. numpy and pandas only.
@@ -32,10 +32,10 @@ MIN_AFTER_PEAK = 2
 
 SPLIT_SALT = "rlhfops-corpus-split-v1"
 SPLITS = ("tune", "report")
-#: sources recorded after every choice and threshold of the default detector was fixed: never split, never tuned
-#: on, reported as the split `fresh`
-FRESH_SOURCES = ("own_ppo_fresh",)
-ALL_SPLITS = (*SPLITS, "fresh")
+#: sources recorded after a version of the default detector was fixed, each held out whole as a split of its own
+#: (never split, never tuned on): `fresh` after noisepatience v5, `holdout` declared before v6 and read after it
+HELD_OUT_SOURCES = {"own_ppo_fresh": "fresh", "own_ppo_holdout": "holdout"}
+ALL_SPLITS = (*SPLITS, *HELD_OUT_SOURCES.values())
 
 
 @dataclass(frozen=True)
@@ -138,15 +138,16 @@ def build_index(traces: pd.DataFrame) -> pd.DataFrame:
     index = pd.DataFrame(rows)
     strata: dict[tuple[str, int], list[str]] = {}
     for r in index.itertuples():
-        if r.source not in FRESH_SOURCES:
+        if r.source not in HELD_OUT_SOURCES:
             strata.setdefault((r.source, r.label), []).append(r.run_id)
-    index["split"] = index["run_id"].map(split_of(strata)).fillna("fresh")
+    held_out = index["source"].map(HELD_OUT_SOURCES)
+    index["split"] = held_out.fillna(index["run_id"].map(split_of(strata)))
     return index
 
 
 def load_corpus(corpus_dir: Path = CORPUS_DIR, split: str | None = None) -> pd.DataFrame:
     """The corpus as one long trace DataFrame (sorted by run and step) with `source, direction, label,
-    peak_step, split` on every row; `split` = "tune", "report" or "fresh" keeps only that part."""
+    peak_step, split` on every row; `split` (one of ALL_SPLITS) keeps only that part."""
     if split is not None and split not in ALL_SPLITS:
         raise ValueError(f"split '{split}': expected one of {', '.join(ALL_SPLITS)}")
     traces = read_source_traces(corpus_dir)

@@ -202,8 +202,9 @@ def register(app: typer.Typer) -> None:
 
             if not (corpus / "runs.csv").is_file():
                 raise BadInput(f"--corpus '{corpus}': no runs.csv (need <source>/traces.csv and runs.csv)")
-            section = render_corpus(corpus_table(corpus, "tune"), corpus_table(corpus, "report"), corpus,
-                                    fresh=corpus_table(corpus, "fresh"))
+            from eval.corpus import ALL_SPLITS
+
+            section = render_corpus({split: corpus_table(corpus, split) for split in ALL_SPLITS}, corpus)
             replay = section + (replay or "")
         from scheduling.detector_report import fresh_seed_bars, render_fresh
 

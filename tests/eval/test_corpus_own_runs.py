@@ -63,15 +63,28 @@ def test_fresh_seeds_are_new():
     assert {r[0].split("/")[1] for r in own.grid(fresh=True)} == {r[0].split("/")[1] for r in own.grid()}
 
 
-@pytest.mark.parametrize("source, fresh", [("own_ppo", False), ("own_ppo_fresh", True)])
-def test_committed_own_traces_hold_the_grid(source, fresh):
+def test_holdout_seeds_are_new_and_add_gameable_runs():
+    """The holdout set's seeds are in neither earlier set; it trains the grid on 4 of them (40 runs) and the two
+    gameable-proxy variants on 8 more (16 runs)."""
+    holdout = own.grid(holdout=True)
+    seeds = {seed for _, _, seed in holdout}
+    assert not seeds & (set(own.SEEDS) | set(own.FRESH_SEEDS))
+    assert len(holdout) == len({r[0] for r in holdout}) == 10 * 4 + 2 * 8
+    per_variant = Counter(r[0].split("/")[1] for r in holdout)
+    assert {v for v, n in per_variant.items() if n == 12} == {"game40-kl0.05-lr3e-4", "game40-kl0.2-lr3e-4"}
+    assert set(per_variant.values()) == {4, 12}
+
+
+@pytest.mark.parametrize("source, fresh, holdout", [("own_ppo", False, False), ("own_ppo_fresh", True, False),
+                                                    ("own_ppo_holdout", False, True)])
+def test_committed_own_traces_hold_the_grid(source, fresh, holdout):
     path = REPO / "data" / "curves" / source / "traces.csv"
     if not path.exists():
         pytest.skip(f"{source}/traces.csv not assembled yet")
     with path.open() as f:
         rows = list(csv.DictReader(f))
     per_run = Counter(r["run_id"] for r in rows)
-    assert set(per_run) == {r[0] for r in own.grid(fresh)}
+    assert set(per_run) == {r[0] for r in own.grid(fresh, holdout)}
     expected = own.STEPS // own.EVAL_EVERY + 1  # step 0 and every EVAL_EVERY steps
     assert set(per_run.values()) == {expected}
     for r in rows:
