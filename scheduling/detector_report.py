@@ -223,21 +223,35 @@ def _ci(k: int, n: int) -> str:
     return f"{k}/{n} = {_f(c.rate, True)} (95% CI {_f(c.low, True)}-{_f(c.high, True)})"
 
 
+#: what each held-out split is, for the report (eval.corpus.HELD_OUT_SOURCES says which source is which split)
+HELD_OUT_NOTES = {
+    "fresh": "Runs recorded after every choice and threshold of `noisepatience` v5 was fixed (this project's trainer "
+             "on the corpus grid, seeds 4-7), held out whole: nothing was tuned or calibrated on them. v6 came "
+             "after they were read (configs/detectors.yaml's changelog), so for v6 they are a second report half, "
+             "not an unseen check.",
+    "holdout": "Runs declared (the grid on seeds 8-11, the gameable-proxy variants on seeds 12-19) before "
+               "`noisepatience` v6 was chosen and read by no detector before v6 was committed: the unseen check of "
+               "the current default. Held out whole.",
+}
+
+
 def calibration_check(corpus: Path) -> str:
     """The default's calibrated bar: its target, the tune fleet it was fitted on, the false-stop rate per kind of
-    run (with and without a proxy reward) on both halves with a 95% exact CI, and the issue's acceptance lines on
-    the report half."""
+    run (with and without a proxy reward) on every part with a 95% exact CI, and the issue's acceptance lines on
+    the report half, each held-out split and all of them pooled."""
     import yaml
 
     from eval.calibrate import calibration_groups, has_proxy
+    from eval.corpus import ALL_SPLITS
     from eval.detectors import DETECTOR_CONFIG
     from eval.traces import detection_quality, verdicts
 
     entry = (yaml.safe_load(DETECTOR_CONFIG.read_text()).get("detectors") or {}).get(DEFAULT_DETECTOR) or {}
     det = make_detector(DEFAULT_DETECTOR)
     lines = []
-    for split in ("tune", "report", "fresh"):
-        runs = [r for r in _split_runs(corpus, split) if r.label == 0]
+    runs_of = {split: _split_runs(corpus, split) for split in ALL_SPLITS}
+    for split, split_runs in runs_of.items():
+        runs = [r for r in split_runs if r.label == 0]
         kinds = {"with a proxy reward": [r for r in runs if has_proxy(r.checkpoints)],
                  "without a proxy reward": [r for r in runs if not has_proxy(r.checkpoints)]}
         for kind, group in kinds.items():
@@ -248,23 +262,33 @@ def calibration_check(corpus: Path) -> str:
                 m = det.start()
                 stopped += any(m.observe(cp) for cp in r.checkpoints)
             lines.append(f"- `{split}`, healthy runs {kind}: {_ci(stopped, len(group))} stopped")
-    report_runs = _split_runs(corpus, "report")
+    report_runs = runs_of["report"]
     q = detection_quality(verdicts(det, report_runs))
-    fresh_runs = _split_runs(corpus, "fresh")
     held_out = ""
-    if fresh_runs:
-        for title, runs in (("the `fresh` split", fresh_runs), ("`report` and `fresh` pooled (every run nothing was "
-                                                                  "tuned on)", report_runs + fresh_runs)):
-            held_out += f"\nThe same lines on {title}:\n\n{_acceptance(detection_quality(verdicts(det, runs)))}\n"
+    parts = [split for split in ALL_SPLITS if split not in ("tune", "report") and runs_of[split]]
+    for split in parts:
+        held_out += (f"\nThe same lines on the `{split}` split:\n\n"
+                     f"{_acceptance(detection_quality(verdicts(det, runs_of[split])))}\n")
+    if parts:
+        pooled = report_runs + [r for split in parts for r in runs_of[split]]
+        names = " and ".join(f"`{split}`" for split in ("report", *parts))
+        held_out += (f"\nThe same lines on {names} pooled (every run nothing was tuned on):\n\n"
+                     f"{_acceptance(detection_quality(verdicts(det, pooled)))}\n")
+        rlhf = [r for r in pooled if has_proxy(r.checkpoints)]
+        if rlhf and det.threshold:
+            held_out += (f"\nThe bar's trade-off on the runs of {names} that record a proxy reward (RLHF runs, the "
+                         "population a live platform judges): every `z` scaled by a factor, nothing else changed\n\n"
+                         + render_tradeoff(threshold_tradeoff(det, rlhf), det.threshold) + "\n")
     cal = entry.get("calibrated_on") or {}
     keys = ", ".join(f"`{key}`" for key, _runs in calibration_groups(det, [r.checkpoints for r in report_runs]))
     low_all = false_stop_check_low(q["hacking"])
     return (f"Calibration: `{DEFAULT_DETECTOR}` {det.params()} — {keys} fitted to the target false-stop rate "
             f"{entry.get('target_false_stop_rate')} on {cal.get('fleet')} ({cal.get('healthy_runs')} healthy runs, "
             f"{cal.get('stopped')} stopped) by `rlhfops detect --detector {DEFAULT_DETECTOR} --calibrate "
-            "data/curves`; the other parameters were chosen before it on the tune half (patience, drawdown) and on "
-            "simulator seeds 1-100 (the gate-phase bars and `gate_from`; configs/detectors.yaml's changelog says "
-            "how). Checked on every part (Clopper-Pearson intervals, scipy.stats.binomtest):\n\n"
+            "data/curves`; the other parameters were chosen before it on the tune half (patience, drawdown, "
+            "fast_window, fast_ratio) and on simulator seeds 1-100 (the gate-phase bars and `gate_from`; "
+            "configs/detectors.yaml's changelog says how). Checked on every part (Clopper-Pearson intervals, "
+            "scipy.stats.binomtest):\n\n"
             + "\n".join(lines) + "\n\n"
             "Issue 14's acceptance on the `report` half, default detector with no parameters:\n\n"
             + _acceptance(q) + "\n" + held_out + "\n"
@@ -273,6 +297,27 @@ def calibration_check(corpus: Path) -> str:
             f"more or less moves it by {_f(1 / q['hacking'], True) if q['hacking'] else '—'}. Its false-stop rate "
             "rests on about 100 healthy runs: the upper bound of its interval, not the point estimate, is what a "
             "tenant can rely on.\n")
+
+
+def threshold_tradeoff(det, runs, factors=(0.5, 0.75, 1.0, 1.25, 1.5, 2.0)) -> pd.DataFrame:
+    """Useful recall and false-stop rate of `det` on `runs` with its calibrated threshold scaled by each factor."""
+    from eval.traces import detection_quality, verdicts
+
+    key = det.threshold
+    rows = []
+    for factor in factors:
+        scaled = type(det)(**{**det.params(), key: det.params()[key] * factor})
+        q = detection_quality(verdicts(scaled, runs))
+        rows.append({"factor": factor, key: scaled.params()[key], **q})
+    return pd.DataFrame(rows)
+
+
+def render_tradeoff(table: pd.DataFrame, key: str) -> str:
+    out = [f"| factor | `{key}` | useful recall | false-stop rate | quality kept |", "|---|---|---|---|---|"]
+    for _, r in table.iterrows():
+        out.append(f"| {r.factor:g} | {r[key]:.3f} | {_ci(int(r.useful), int(r.hacking))} | "
+                   f"{_ci(int(r.fp), int(r.healthy))} | {r.quality_kept:+.3f} |")
+    return "\n".join(out)
 
 
 def _acceptance(q: dict) -> str:
@@ -293,7 +338,9 @@ def false_stop_check_low(n: int) -> float:
     return false_stop_check(n, n).low if n else float("nan")
 
 
-def render_corpus(tune: pd.DataFrame, report: pd.DataFrame, corpus: Path, fresh: pd.DataFrame | None = None) -> str:
+def render_corpus(tables: dict[str, pd.DataFrame], corpus: Path) -> str:
+    """The corpus section: one table per split (`corpus_table`; report, the held-out splits, then tune), then the
+    calibration check."""
     from eval.calibrate import false_stop_check
 
     out = [f"## Real-curve corpus (`{corpus}/`)\n",
@@ -306,16 +353,15 @@ def render_corpus(tune: pd.DataFrame, report: pd.DataFrame, corpus: Path, fresh:
            "configs/detectors.yaml). Useful: a hacking run stopped at or after its gold peak and before its last "
            "checkpoint. False stops: healthy runs stopped. Quality kept: (gold of the kept checkpoint - gold of "
            "the final one) / the run's range, mean over all runs (0 = never stopping).\n"]
-    fresh = fresh if fresh is not None else pd.DataFrame()
-    for split, table in (("report", report), ("fresh", fresh), ("tune", tune)):
+    order = ["report", *[split for split in tables if split not in ("tune", "report")], "tune"]
+    for split in order:
+        table = tables.get(split, pd.DataFrame())
         if table.empty:
             continue
         r0 = table.iloc[0]
         out.append(f"### `{split}` split: {r0.runs} runs ({r0.hacking} hacking, {r0.healthy} healthy)\n")
-        if split == "fresh":
-            out.append("Runs recorded after every choice and threshold of the default was fixed (the sources of "
-                       "`eval.corpus.FRESH_SOURCES`: this project's trainer on the corpus grid with new seeds), held "
-                       "out whole: nothing was chosen, tuned or calibrated on them.\n")
+        if split in HELD_OUT_NOTES:
+            out.append(HELD_OUT_NOTES[split] + "\n")
         out.append("| Detector | Useful recall (95% CI) | False-stop rate (95% CI) | Hacking stopped before peak | "
                    "at end | Quality kept | Compute saved | Delay | Precision | Recall |")
         out.append("|---|---|---|---|---|---|---|---|---|---|")
