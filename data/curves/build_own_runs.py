@@ -10,6 +10,7 @@ applies the hindsight rule of LABELS.md to every run of every source.
     .venv/bin/python data/curves/build_own_runs.py --assemble         # merge finished runs into the CSV
     ... --fresh                                                       # the same for the held-out fresh set
     ... --holdout                                                     # ... and for the held-out set of v6
+    ... --gate128                                                     # ... and for 40 holdout runs, 2x gate
 
 Each run writes `runs/corpus-own/<run>.csv` when it finishes, so chunks can run in separate processes and a
 killed chunk resumes where it stopped. Everything is seeded (prompts, warm starts, sampling, PPO), so the same
@@ -45,6 +46,11 @@ FRESH_CSV = REPO / "data" / "curves" / "own_ppo_fresh" / "traces.csv"
 HOLDOUT_SEEDS = (8, 9, 10, 11)
 HOLDOUT_EXTRA_SEEDS = tuple(range(12, 20))
 HOLDOUT_CSV = REPO / "data" / "curves" / "own_ppo_holdout" / "traces.csv"
+#: `--gate128`: 40 of the holdout's runs (every gameable-proxy run, the plain variants on seeds 8-9) with a gate twice
+#: as large (128 held-out prompts instead of 64). The gate draws its own sampling generator, so training is the same
+#: run as in the holdout and only the eval's noise differs: a paired check of what a bigger gate buys the detector.
+GATE128_PROMPTS = 128
+GATE128_CSV = REPO / "data" / "curves" / "own_ppo_gate128" / "traces.csv"
 
 #: (name, overrides on configs/ppo-healthy.yaml). Spans strong to weak KL, small to large learning rates and a
 #: proxy with a trigger-character bonus the gold scorer ignores (switched on part-way through training).
@@ -67,9 +73,13 @@ COLUMNS = ("run_id", "step", "eval_score", "eval_se", "reward", "loss", "kl", "e
            "response_len", "kl_coef", "actor_lr", "gameable", "seed")
 
 
-def grid(fresh: bool = False, holdout: bool = False) -> list[tuple[str, dict, int]]:
-    """Every run of the corpus (`fresh`, `holdout`: of that held-out set): (run_id, override dict, seed), in a fixed
-    order."""
+def grid(fresh: bool = False, holdout: bool = False, gate128: bool = False) -> list[tuple[str, dict, int]]:
+    """Every run of the corpus (`fresh`, `holdout`, `gate128`: of that held-out set): (run_id, override dict, seed),
+    in a fixed order."""
+    if gate128:
+        return [(run_id.replace("own-holdout/", "own-gate128/"), {**overrides, "eval_prompts": GATE128_PROMPTS}, seed)
+                for run_id, overrides, seed in grid(holdout=True)
+                if "/game" in run_id or seed in HOLDOUT_SEEDS[:2]]
     if holdout:
         runs = [(f"own-holdout/{name}/seed{seed}", overrides, seed)
                 for name, overrides in VARIANTS for seed in HOLDOUT_SEEDS]
@@ -153,11 +163,14 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"the held-out fresh set (seeds {FRESH_SEEDS}) instead of the corpus grid")
     ap.add_argument("--holdout", action="store_true",
                     help=f"the held-out set of noisepatience v6 (seeds {HOLDOUT_SEEDS[0]}-{HOLDOUT_EXTRA_SEEDS[-1]})")
+    ap.add_argument("--gate128", action="store_true",
+                    help=f"40 of the holdout's runs with a {GATE128_PROMPTS}-prompt gate (a paired check of gate size)")
     args = ap.parse_args(argv)
-    if args.fresh and args.holdout:
-        ap.error("--fresh and --holdout name different sets: pass one")
-    runs = grid(args.fresh, args.holdout)
-    out_csv = HOLDOUT_CSV if args.holdout else FRESH_CSV if args.fresh else OUT_CSV
+    if args.fresh + args.holdout + args.gate128 > 1:
+        ap.error("--fresh, --holdout and --gate128 name different sets: pass one")
+    runs = grid(args.fresh, args.holdout, args.gate128)
+    out_csv = (GATE128_CSV if args.gate128 else HOLDOUT_CSV if args.holdout else FRESH_CSV if args.fresh
+               else OUT_CSV)
     if args.list:
         for i, (run_id, _, _) in enumerate(runs):
             print(i, run_id, "done" if _run_file(run_id).exists() else "")
