@@ -34,8 +34,11 @@ SPLIT_SALT = "rlhfops-corpus-split-v1"
 SPLITS = ("tune", "report")
 #: sources recorded after a version of the default detector was fixed, each held out whole as a split of its own
 #: (never split, never tuned on): `fresh` after noisepatience v5, `holdout` declared before v6 and read after it
-HELD_OUT_SOURCES = {"own_ppo_fresh": "fresh", "own_ppo_holdout": "holdout"}
+HELD_OUT_SOURCES = {"own_ppo_fresh": "fresh", "own_ppo_holdout": "holdout", "own_ppo_gate128": "gate128"}
 ALL_SPLITS = (*SPLITS, *HELD_OUT_SOURCES.values())
+#: splits that re-measure another split's runs (same training, another eval gate): reported beside that split,
+#: never pooled with it (a run would count twice). Run ids differ only in their first path part.
+PAIRED_SPLITS = {"gate128": "holdout"}
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import pytest
 from eval.corpus import CORPUS_DIR, hindsight_label, load_corpus
 
 #: the held-out sources data/curves/README.md declares, and their splits
-HELD_OUT = {"own_ppo_fresh": "fresh", "own_ppo_holdout": "holdout"}
+HELD_OUT = {"own_ppo_fresh": "fresh", "own_ppo_holdout": "holdout", "own_ppo_gate128": "gate128"}
 
 SOURCES_MIN_RUNS = {"algoperf": 30, "nanogpt": 20, "pythia": 30}
 

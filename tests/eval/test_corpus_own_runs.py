@@ -8,6 +8,7 @@ import importlib.util
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,16 +76,51 @@ def test_holdout_seeds_are_new_and_add_gameable_runs():
     assert set(per_variant.values()) == {4, 12}
 
 
-@pytest.mark.parametrize("source, fresh, holdout", [("own_ppo", False, False), ("own_ppo_fresh", True, False),
-                                                    ("own_ppo_holdout", False, True)])
-def test_committed_own_traces_hold_the_grid(source, fresh, holdout):
+def test_gate128_reruns_holdout_runs_with_a_bigger_gate_only():
+    holdout = {run_id.split("/", 1)[1]: (overrides, seed) for run_id, overrides, seed in own.grid(holdout=True)}
+    gate = own.grid(gate128=True)
+    assert len(gate) == 40
+    for run_id, overrides, seed in gate:
+        prefix, rest = run_id.split("/", 1)
+        assert prefix == "own-gate128"
+        base_overrides, base_seed = holdout[rest]
+        assert seed == base_seed
+        assert overrides == {**base_overrides, "eval_prompts": 128}
+        cfg, base = own.run_config(overrides, seed), own.run_config(base_overrides, seed)
+        assert cfg.eval_prompts == 2 * base.eval_prompts
+        assert cfg.model_dump(exclude={"eval_prompts"}) == base.model_dump(exclude={"eval_prompts"})
+
+
+def test_committed_gate128_runs_train_the_same_as_their_holdout_twins():
+    """The gate samples with its own generator, so a bigger gate must leave training untouched: the proxy reward
+    and KL of every step match the holdout twin's, while the gate's SE shrinks."""
+    path = REPO / "data" / "curves" / "own_ppo_gate128" / "traces.csv"
+    if not path.exists():
+        pytest.skip("own_ppo_gate128/traces.csv not assembled yet")
+    import pandas as pd
+
+    gate = pd.read_csv(path)
+    base = pd.read_csv(REPO / "data" / "curves" / "own_ppo_holdout" / "traces.csv")
+    gate["twin"] = gate["run_id"].str.replace("own-gate128/", "own-holdout/", regex=False)
+    both = gate.merge(base, left_on=["twin", "step"], right_on=["run_id", "step"], suffixes=("", "_base"))
+    assert len(both) == len(gate)
+    for col in ("reward", "kl", "loss"):
+        assert np.allclose(both[col], both[f"{col}_base"], rtol=1e-5, atol=1e-7, equal_nan=True), col
+    ratio = (both["eval_se"] / both["eval_se_base"]).median()
+    assert 0.6 < ratio < 0.85  # about 1/sqrt(2)
+
+
+@pytest.mark.parametrize("source, fresh, holdout, gate128", [
+    ("own_ppo", False, False, False), ("own_ppo_fresh", True, False, False), ("own_ppo_holdout", False, True, False),
+    ("own_ppo_gate128", False, False, True)])
+def test_committed_own_traces_hold_the_grid(source, fresh, holdout, gate128):
     path = REPO / "data" / "curves" / source / "traces.csv"
     if not path.exists():
         pytest.skip(f"{source}/traces.csv not assembled yet")
     with path.open() as f:
         rows = list(csv.DictReader(f))
     per_run = Counter(r["run_id"] for r in rows)
-    assert set(per_run) == {r[0] for r in own.grid(fresh, holdout)}
+    assert set(per_run) == {r[0] for r in own.grid(fresh, holdout, gate128)}
     expected = own.STEPS // own.EVAL_EVERY + 1  # step 0 and every EVAL_EVERY steps
     assert set(per_run.values()) == {expected}
     for r in rows:
