@@ -33,7 +33,8 @@ MIN_AFTER_PEAK = 2
 SPLIT_SALT = "rlhfops-corpus-split-v1"
 SPLITS = ("tune", "report")
 #: sources recorded after a version of the default detector was fixed, each held out whole as a split of its own
-#: (never split, never tuned on): `fresh` after noisepatience v5, `holdout` declared before v6 and read after it
+#: (never split, never tuned on): `fresh` after noisepatience v5, `holdout` declared before v6 and read after it,
+#: `gate128` a re-measurement of holdout runs (PAIRED_SPLITS)
 HELD_OUT_SOURCES = {"own_ppo_fresh": "fresh", "own_ppo_holdout": "holdout", "own_ppo_gate128": "gate128"}
 ALL_SPLITS = (*SPLITS, *HELD_OUT_SOURCES.values())
 #: splits that re-measure another split's runs (same training, another eval gate): reported beside that split,

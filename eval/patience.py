@@ -58,7 +58,7 @@ class _NoisePatienceMonitor(Monitor):
     def proxy_rises(self) -> bool:
         """The proxy's slope over the last `patience` checkpoints is positive; a run without a proxy passes,
         and so does a window with a missed proxy value (no evidence against the signature)."""
-        if not any(r == r for r in self.rewards):
+        if not self.has_proxy():
             return True
         window = self.rewards[-self.det.patience:]
         if any(r != r for r in window):
