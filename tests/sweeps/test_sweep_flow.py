@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from sweep_helpers import BASE
 
 pytestmark = pytest.mark.slow
 
@@ -18,15 +19,7 @@ def test_sweep_flow_runs_trials_on_slots_and_publishes_the_report(prefect_server
     from flows.sweep import sweep
     from infra import tracking as T
 
-    base = {
-        "seed": 2, "steps": 2, "cache_dir": str(warm_start_cache),
-        "policy": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
-        "reward": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
-        "task": {"n_train_prompts": 24, "n_heldout_prompts": 8, "n_pairs": 32, "rm_epochs": 1, "sft_steps": 40,
-                 "long_mean_len": 10.0},
-        "ppo": {"batch_size": 4, "max_new_tokens": 12, "num_ppo_epochs": 1, "num_mini_batches": 1},
-        "checkpoint_every": 1, "eval_every": 1, "eval_prompts": 8,
-    }
+    base = {**BASE, "steps": 2, "checkpoint_every": 1, "eval_every": 1, "cache_dir": str(warm_start_cache)}
     spec = {"name": "flow-sweep", "base": base, "space": {"ppo.kl_coef": {"grid": [0.05, 0.2]}},
             "sampler": {"kind": "grid"}, "trials": 2, "concurrency": 1, "tenant": "globex",
             "out_dir": str(tmp_path / "sweep"), "mlflow_experiment": "sweep-flow-test"}
