@@ -34,12 +34,14 @@ SPLIT_SALT = "rlhfops-corpus-split-v1"
 SPLITS = ("tune", "report")
 #: sources recorded after a version of the default detector was fixed, each held out whole as a split of its own
 #: (never split, never tuned on): `fresh` after noisepatience v5, `holdout` declared before v6 and read after it,
-#: `gate128` a re-measurement of holdout runs (PAIRED_SPLITS)
-HELD_OUT_SOURCES = {"own_ppo_fresh": "fresh", "own_ppo_holdout": "holdout", "own_ppo_gate128": "gate128"}
+#: `gate128` a re-measurement of holdout runs (PAIRED_SPLITS); `twin64` and `gate256` declared after v6 was committed,
+#: the same new runs scored by a 64-prompt and a 256-prompt gate
+HELD_OUT_SOURCES = {"own_ppo_fresh": "fresh", "own_ppo_holdout": "holdout", "own_ppo_gate128": "gate128",
+                    "own_ppo_twin64": "twin64", "own_ppo_gate256": "gate256"}
 ALL_SPLITS = (*SPLITS, *HELD_OUT_SOURCES.values())
 #: splits that re-measure another split's runs (same training, another eval gate): reported beside that split,
 #: never pooled with it (a run would count twice). Run ids differ only in their first path part.
-PAIRED_SPLITS = {"gate128": "holdout"}
+PAIRED_SPLITS = {"gate128": "holdout", "gate256": "twin64"}
 
 
 @dataclass(frozen=True)

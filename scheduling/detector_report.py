@@ -236,6 +236,13 @@ HELD_OUT_NOTES = {
                "gate twice as large (128 held-out prompts instead of 64); training is the same run (the gate samples "
                "with its own generator), so only the eval's noise differs. Declared after the holdout result, "
                "before any of its runs was trained; reported beside the same runs of `holdout`, never pooled.",
+    "twin64": "56 new runs (the grid on seeds 20-23, the gameable-proxy variants on seeds 24-31), declared after "
+              "`noisepatience` v6 was committed and before any of them was trained: a second unseen check of v6 at "
+              "the shipped gate size (64 held-out prompts). Each checkpoint was scored by this gate and, in the same "
+              "run, by a 256-prompt gate (`gate256`). Held out whole.",
+    "gate256": "The `twin64` runs as a 256-prompt gate scored them (the gate the trainer ran; the 64-prompt twin "
+               "sampled with its own generator, so both score the same policy at every checkpoint): what a gate four "
+               "times as large buys. Reported beside `twin64`, never pooled.",
 }
 
 

@@ -11,6 +11,7 @@ applies the hindsight rule of LABELS.md to every run of every source.
     ... --fresh                                                       # the same for the held-out fresh set
     ... --holdout                                                     # ... and for the held-out set of v6
     ... --gate128                                                     # ... and for 40 holdout runs, 2x gate
+    ... --gate256                                                     # ... and for the 4x-gate set (+ its twin)
 
 Each run writes `runs/corpus-own/<run>.csv` when it finishes, so chunks can run in separate processes and a
 killed chunk resumes where it stopped. Everything is seeded (prompts, warm starts, sampling, PPO), so the same
@@ -51,6 +52,19 @@ HOLDOUT_CSV = REPO / "data" / "curves" / "own_ppo_holdout" / "traces.csv"
 #: run as in the holdout and only the eval's noise differs: a paired check of what a bigger gate buys the detector.
 GATE128_PROMPTS = 128
 GATE128_CSV = REPO / "data" / "curves" / "own_ppo_gate128" / "traces.csv"
+#: `--gate256`: declared after `noisepatience` v6 was committed and before any of its runs was trained: the grid on
+#: seeds 20-23 plus the two gameable-proxy variants on seeds 24-31 (the holdout's shape on seeds no set has used),
+#: each run's gate scoring 256 held-out prompts (SE about half the 64-prompt gate's). Every checkpoint is also scored
+#: by a second, 64-prompt gate (the first 64 held-out prompts, its own sampling seed): the same runs at the shipped
+#: gate size (`own_ppo_twin64`). v6 is checked on both unchanged; neither is tuned on.
+GATE256_SEEDS = (20, 21, 22, 23)
+GATE256_EXTRA_SEEDS = tuple(range(24, 32))
+GATE256_PROMPTS = 256
+TWIN_PROMPTS = 64
+#: the twin gate's sampling seed at step s is TWIN_SEED_OFFSET + s (the trainer's own gate uses s)
+TWIN_SEED_OFFSET = 1_000_003
+GATE256_CSV = REPO / "data" / "curves" / "own_ppo_gate256" / "traces.csv"
+TWIN64_CSV = REPO / "data" / "curves" / "own_ppo_twin64" / "traces.csv"
 
 #: (name, overrides on configs/ppo-healthy.yaml). Spans strong to weak KL, small to large learning rates and a
 #: proxy with a trigger-character bonus the gold scorer ignores (switched on part-way through training).
@@ -73,9 +87,16 @@ COLUMNS = ("run_id", "step", "eval_score", "eval_se", "reward", "loss", "kl", "e
            "response_len", "kl_coef", "actor_lr", "gameable", "seed")
 
 
-def grid(fresh: bool = False, holdout: bool = False, gate128: bool = False) -> list[tuple[str, dict, int]]:
-    """Every run of the corpus (`fresh`, `holdout`, `gate128`: of that held-out set): (run_id, override dict, seed),
-    in a fixed order."""
+def grid(fresh: bool = False, holdout: bool = False, gate128: bool = False,
+         gate256: bool = False) -> list[tuple[str, dict, int]]:
+    """Every run of the corpus (`fresh`, `holdout`, `gate128`, `gate256`: of that held-out set): (run_id, override
+    dict, seed), in a fixed order."""
+    if gate256:
+        bigger = {"eval_prompts": GATE256_PROMPTS, "task": {"n_heldout_prompts": GATE256_PROMPTS}}
+        runs = [(f"own-gate256/{name}/seed{seed}", {**overrides, **bigger}, seed)
+                for name, overrides in VARIANTS for seed in GATE256_SEEDS]
+        return runs + [(f"own-gate256/{name}/seed{seed}", {**overrides, **bigger}, seed)
+                       for name, overrides in VARIANTS if name.startswith("game") for seed in GATE256_EXTRA_SEEDS]
     if gate128:
         return [(run_id.replace("own-holdout/", "own-gate128/"), {**overrides, "eval_prompts": GATE128_PROMPTS}, seed)
                 for run_id, overrides, seed in grid(holdout=True)
@@ -106,22 +127,40 @@ def run_config(overrides: dict, seed: int):
     return TrainConfig.model_validate(_merge(raw, overrides))
 
 
-def train_one(run_id: str, overrides: dict, seed: int) -> list[dict]:
+def twin_id(run_id: str) -> str:
+    """The run id of a `gate256` run as its 64-prompt twin gate records it."""
+    return run_id.replace("own-gate256/", "own-twin64/")
+
+
+def train_one(run_id: str, overrides: dict, seed: int) -> tuple[list[dict], list[dict]]:
+    """One run's rows, and (for a `gate256` run) the rows of its 64-prompt twin gate, else []. The twin scores the
+    live policy right after the trainer's own gate, with its own sampling generator, so training is untouched."""
     from training.trainer import Trainer, gold_eval
 
     cfg = run_config(overrides, seed)
     trainer = Trainer(cfg, overlap="none", out_dir=None, resume=False)
     meta = {"kl_coef": cfg.ppo.kl_coef, "actor_lr": cfg.ppo.actor_lr,
             "gameable": cfg.fault.at_step if cfg.fault.kind == "gameable_reward" else "", "seed": seed}
-    ev0 = gold_eval(trainer.actor, trainer.prompts.heldout[: cfg.eval_prompts], cfg, tok=trainer.tok, seed=0)
+    twin = run_id.startswith("own-gate256/")
+    heldout = trainer.prompts.heldout
+
+    def twin_row(step: int, train: dict) -> dict:
+        ev = gold_eval(trainer.actor, heldout[:TWIN_PROMPTS], cfg, tok=trainer.tok, seed=TWIN_SEED_OFFSET + step)
+        return {**train, "run_id": twin_id(run_id), "step": step, "eval_score": ev.mean, "eval_se": ev.se}
+
+    ev0 = gold_eval(trainer.actor, heldout[: cfg.eval_prompts], cfg, tok=trainer.tok, seed=0)
     rows = [{"run_id": run_id, "step": 0, "eval_score": ev0.mean, "eval_se": ev0.se, **meta}]
+    twins = [twin_row(0, meta)] if twin else []
     for rec in trainer.run(STEPS):
         if math.isnan(rec.gold_eval):
             continue
+        train = {"reward": rec.reward_mean, "loss": rec.loss_policy, "kl": rec.kl, "entropy": rec.entropy,
+                 "grad_norm": rec.grad_norm, "response_len": rec.response_len_mean, **meta}
         rows.append({"run_id": run_id, "step": rec.step, "eval_score": rec.gold_eval, "eval_se": rec.gold_eval_se,
-                     "reward": rec.reward_mean, "loss": rec.loss_policy, "kl": rec.kl, "entropy": rec.entropy,
-                     "grad_norm": rec.grad_norm, "response_len": rec.response_len_mean, **meta})
-    return rows
+                     **train})
+        if twin:
+            twins.append(twin_row(rec.step, train))
+    return rows, twins
 
 
 def _run_file(run_id: str) -> Path:
@@ -165,12 +204,15 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"the held-out set of noisepatience v6 (seeds {HOLDOUT_SEEDS[0]}-{HOLDOUT_EXTRA_SEEDS[-1]})")
     ap.add_argument("--gate128", action="store_true",
                     help=f"40 of the holdout's runs with a {GATE128_PROMPTS}-prompt gate (a paired check of gate size)")
+    ap.add_argument("--gate256", action="store_true",
+                    help=f"the {GATE256_PROMPTS}-prompt-gate set (seeds {GATE256_SEEDS[0]}-{GATE256_EXTRA_SEEDS[-1]}) "
+                         f"and its {TWIN_PROMPTS}-prompt twin gate")
     args = ap.parse_args(argv)
-    if args.fresh + args.holdout + args.gate128 > 1:
-        ap.error("--fresh, --holdout and --gate128 name different sets: pass one")
-    runs = grid(args.fresh, args.holdout, args.gate128)
-    out_csv = (GATE128_CSV if args.gate128 else HOLDOUT_CSV if args.holdout else FRESH_CSV if args.fresh
-               else OUT_CSV)
+    if args.fresh + args.holdout + args.gate128 + args.gate256 > 1:
+        ap.error("--fresh, --holdout, --gate128 and --gate256 name different sets: pass one")
+    runs = grid(args.fresh, args.holdout, args.gate128, args.gate256)
+    out_csv = (GATE256_CSV if args.gate256 else GATE128_CSV if args.gate128 else HOLDOUT_CSV if args.holdout
+               else FRESH_CSV if args.fresh else OUT_CSV)
     if args.list:
         for i, (run_id, _, _) in enumerate(runs):
             print(i, run_id, "done" if _run_file(run_id).exists() else "")
@@ -183,13 +225,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {len(missing)} runs not trained yet (first: {missing[0]}); train them with --runs",
                   file=sys.stderr)
             return 2
-        out_csv.parent.mkdir(parents=True, exist_ok=True)
-        with out_csv.open("w", newline="") as out:
-            out.write(",".join(COLUMNS) + "\n")
-            for run_id, _, _ in runs:
-                out.writelines(_run_file(run_id).read_text().splitlines(keepends=True)[1:])
+        outputs = [(out_csv, [r for r, _, _ in runs])]
+        if args.gate256:
+            outputs.append((TWIN64_CSV, [twin_id(r) for r, _, _ in runs]))
         left = f" ({len(missing)} not trained yet)" if missing else ""
-        print(f"{len(runs)} runs -> {out_csv.relative_to(REPO)}{left}")
+        for csv_path, run_ids in outputs:
+            csv_path.parent.mkdir(parents=True, exist_ok=True)
+            with csv_path.open("w", newline="") as out:
+                out.write(",".join(COLUMNS) + "\n")
+                for run_id in run_ids:
+                    out.writelines(_run_file(run_id).read_text().splitlines(keepends=True)[1:])
+            print(f"{len(run_ids)} runs -> {csv_path.relative_to(REPO)}{left}")
         return 0
     todo = _parse_range(args.runs, len(runs)) if args.runs else list(range(len(runs)))
     sys.path.insert(0, str(REPO))
@@ -199,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         if path.exists():
             continue
         t0, c0 = time.perf_counter(), time.process_time()
-        rows = train_one(run_id, overrides, seed)
+        rows, twins = train_one(run_id, overrides, seed)
+        if twins:
+            _write(_run_file(twin_id(run_id)), twins)  # before the run's own file, which marks the run done
         _write(path, rows)
         print(f"{i} {run_id}: {len(rows)} checkpoints, {time.perf_counter() - t0:.1f} s wall, "
               f"{time.process_time() - c0:.1f} s CPU", flush=True)

@@ -110,17 +110,33 @@ def test_committed_gate128_runs_train_the_same_as_their_holdout_twins():
     assert 0.6 < ratio < 0.85  # about 1/sqrt(2)
 
 
-@pytest.mark.parametrize("source, fresh, holdout, gate128", [
-    ("own_ppo", False, False, False), ("own_ppo_fresh", True, False, False), ("own_ppo_holdout", False, True, False),
-    ("own_ppo_gate128", False, False, True)])
-def test_committed_own_traces_hold_the_grid(source, fresh, holdout, gate128):
+def test_gate256_runs_are_new_seeds_with_a_bigger_gate_and_a_twin():
+    gate = own.grid(gate256=True)
+    earlier = {seed for kw in ({}, {"fresh": True}, {"holdout": True}) for _, _, seed in own.grid(**kw)}
+    assert not {seed for _, _, seed in gate} & earlier
+    assert len(gate) == len({r[0] for r in gate}) == 10 * 4 + 2 * 8
+    for run_id, overrides, seed in gate:
+        cfg = own.run_config(overrides, seed)
+        assert cfg.eval_prompts == cfg.task.n_heldout_prompts == 256
+        assert own.twin_id(run_id).startswith("own-twin64/") and own.twin_id(run_id).split("/", 1)[1] == \
+            run_id.split("/", 1)[1]
+        plain = {k: v for k, v in overrides.items() if k not in ("eval_prompts", "task")}
+        assert (run_id.split("/")[1], plain) in own.VARIANTS
+
+
+@pytest.mark.parametrize("source, kw", [
+    ("own_ppo", {}), ("own_ppo_fresh", {"fresh": True}), ("own_ppo_holdout", {"holdout": True}),
+    ("own_ppo_gate128", {"gate128": True}), ("own_ppo_gate256", {"gate256": True}),
+    ("own_ppo_twin64", {"gate256": True})])
+def test_committed_own_traces_hold_the_grid(source, kw):
     path = REPO / "data" / "curves" / source / "traces.csv"
     if not path.exists():
         pytest.skip(f"{source}/traces.csv not assembled yet")
     with path.open() as f:
         rows = list(csv.DictReader(f))
     per_run = Counter(r["run_id"] for r in rows)
-    assert set(per_run) == {r[0] for r in own.grid(fresh, holdout, gate128)}
+    ids = {r[0] for r in own.grid(**kw)}
+    assert set(per_run) == ({own.twin_id(i) for i in ids} if source == "own_ppo_twin64" else ids)
     expected = own.STEPS // own.EVAL_EVERY + 1  # step 0 and every EVAL_EVERY steps
     assert set(per_run.values()) == {expected}
     for r in rows:
