@@ -99,6 +99,21 @@ def test_checkpoint_gold_eval_and_trace(cache, tmp_path):
     assert "deferral_histogram" in summary
 
 
+
+def test_an_extra_gate_between_steps_leaves_training_untouched(cache):
+    """The paired gate sets of the corpus (a second gate scoring the live policy after every step) rest on this:
+    the gate samples with its own generator, so scoring the policy changes nothing that training draws."""
+    cfg = tiny(cache, eval_every=1)
+    plain = list(Trainer(cfg, overlap="none", out_dir=None, resume=False).run(4))
+    trainer = Trainer(cfg, overlap="none", out_dir=None, resume=False)
+    scored, extra = [], []
+    for rec in trainer.run(4):
+        scored.append(rec)
+        extra.append(gold_eval(trainer.actor, trainer.prompts.heldout[:4], cfg, tok=trainer.tok, seed=10**6 + rec.step))
+    assert all(e.n == 4 and e.response_len_mean > 0 for e in extra)  # the extra gate really sampled responses
+    for a, b in zip(plain, scored, strict=True):
+        for f in ("reward_mean", "kl", "loss_policy", "grad_norm", "gold_eval", "gold_eval_se"):
+            assert getattr(a, f) == getattr(b, f), f
 def test_faults_change_what_they_should(cache):
     base = list(train(tiny(cache), overlap="none", steps=3))
     const = list(train(tiny(cache, fault={"kind": "constant_reward", "at_step": 0}), overlap="none", steps=3))
