@@ -124,6 +124,25 @@ def test_gate256_runs_are_new_seeds_with_a_bigger_gate_and_a_twin():
         assert (run_id.split("/")[1], plain) in own.VARIANTS
 
 
+def test_committed_gate256_runs_and_their_twins_score_the_same_training():
+    """The twin gate scores the same run: every training column matches row for row, the gate's SE is about twice
+    the 256-prompt gate's (sqrt(256 / 64)), and the two gates' means differ by no more than their noise."""
+    paths = [REPO / "data" / "curves" / s / "traces.csv" for s in ("own_ppo_gate256", "own_ppo_twin64")]
+    if not all(p.exists() for p in paths):
+        pytest.skip("own_ppo_gate256 / own_ppo_twin64 not assembled yet")
+    import pandas as pd
+
+    gate, twin = (pd.read_csv(p) for p in paths)
+    gate["twin"] = gate["run_id"].map(own.twin_id)
+    both = gate.merge(twin, left_on=["twin", "step"], right_on=["run_id", "step"], suffixes=("", "_twin"))
+    assert len(both) == len(gate) == len(twin)
+    for col in ("reward", "kl", "loss", "entropy", "grad_norm", "response_len"):
+        assert np.allclose(both[col], both[f"{col}_twin"], equal_nan=True), col
+    assert 1.8 < (both["eval_se_twin"] / both["eval_se"]).median() < 2.2
+    z = (both["eval_score_twin"] - both["eval_score"]) / np.hypot(both["eval_se"], both["eval_se_twin"])
+    assert abs(z.mean()) < 0.2 and 0.7 < z.std() < 1.3  # two unbiased measurements of one policy
+
+
 @pytest.mark.parametrize("source, kw", [
     ("own_ppo", {}), ("own_ppo_fresh", {"fresh": True}), ("own_ppo_holdout", {"holdout": True}),
     ("own_ppo_gate128", {"gate128": True}), ("own_ppo_gate256", {"gate256": True}),
