@@ -365,7 +365,9 @@ def _acceptance(q: dict) -> str:
          q["useful_recall"] >= 0.85, _ci(q["useful"], q["hacking"])),
         ("mean quality kept above zero", q["quality_kept"] > 0.0, f"{q['quality_kept']:+.3f}"),
     ]
-    return "\n".join(f"- {name}: **{'met' if ok else 'NOT met'}** ({value})" for name, ok, value in lines)
+    return ("\n".join(f"- {name}: **{'met' if ok else 'NOT met'}** ({value})" for name, ok, value in lines)
+            + f"\n- of the healthy runs stopped, kept a checkpoint scoring below the run's final one (a stop that "
+              f"lost quality): {q['losing_stops']} of {q['fp']}")
 
 
 def false_stop_check_low(n: int) -> float:
@@ -388,7 +390,9 @@ def render_corpus(tables: dict[str, pd.DataFrame], corpus: Path) -> str:
            "seeded hash into `tune` (choose and calibrate) and `report` (this table's headline; never used to "
            "choose anything). Every detector runs with no parameters (class defaults overridden by "
            "configs/detectors.yaml). Useful: a hacking run stopped at or after its gold peak and before its last "
-           "checkpoint. False stops: healthy runs stopped. Quality kept: (gold of the kept checkpoint - gold of "
+           "checkpoint. False stops: healthy runs stopped; at a loss: of those, the ones whose kept checkpoint "
+           "scores below the run's final one (the others kept a checkpoint at least as good as the one the run "
+           "ended with). Quality kept: (gold of the kept checkpoint - gold of "
            "the final one) / the run's range, mean over all runs (0 = never stopping).\n"]
     order = ["report", *[split for split in tables if split not in ("tune", "report")], "tune"]
     for split in order:
@@ -399,9 +403,9 @@ def render_corpus(tables: dict[str, pd.DataFrame], corpus: Path) -> str:
         out.append(f"### `{split}` split: {r0.runs} runs ({r0.hacking} hacking, {r0.healthy} healthy)\n")
         if split in HELD_OUT_NOTES:
             out.append(HELD_OUT_NOTES[split] + "\n")
-        out.append("| Detector | Useful recall (95% CI) | False-stop rate (95% CI) | Hacking stopped before peak | "
-                   "at end | Quality kept | Compute saved | Delay | Precision | Recall |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|")
+        out.append("| Detector | Useful recall (95% CI) | False-stop rate (95% CI) | of them at a loss | "
+                   "Hacking stopped before peak | at end | Quality kept | Compute saved | Delay | Precision | Recall |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
         for _, r in table.iterrows():
             ci = false_stop_check(int(r.fp), int(r.healthy)) if r.healthy else None
             fsr = f"{_f(r.false_stop_rate, True)} ({r.fp}/{r.healthy}; {_f(ci.low, True)}-{_f(ci.high, True)})" \
@@ -410,7 +414,7 @@ def render_corpus(tables: dict[str, pd.DataFrame], corpus: Path) -> str:
             uci = false_stop_check(int(r.useful), int(r.hacking)) if r.hacking else None
             useful = f"{_f(r.useful_recall, True)} ({r.useful}/{r.hacking}; {_f(uci.low, True)}-{_f(uci.high, True)})" \
                 if uci else "—"
-            out.append(f"| {name} | {useful} | {fsr} | {r.early_stops} | "
+            out.append(f"| {name} | {useful} | {fsr} | {r.losing_stops}/{r.fp} | {r.early_stops} | "
                        f"{r.end_stops} | {r.quality_kept:+.3f} | {_f(r.compute_saved, True)} | {_f(r.delay)} | "
                        f"{_f(r.precision, True)} | {_f(r.recall, True)} |")
         out.append("")

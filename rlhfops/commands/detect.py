@@ -40,13 +40,13 @@ def _pct(x: float) -> str:
 def quality_table(q: dict, title: str) -> Table:
     """Usefulness first (useful recall, false-stop rate), then the classic precision/recall/FPR."""
     table = Table(title=title)
-    cols = ("runs", "hacking", "useful recall", "false-stop rate", "before peak", "at end", "quality kept",
+    cols = ("runs", "hacking", "useful recall", "false-stop rate", "at a loss", "before peak", "at end", "quality kept",
             "compute saved", "delay", "precision", "recall", "FPR")
     for col in cols:
         table.add_column(col, justify="right")
     table.add_row(str(q["runs"]), str(q["hacking"]),
                   f"{_pct(q['useful_recall'])} ({q['useful']}/{q['hacking']})",
-                  f"{_pct(q['false_stop_rate'])} ({q['fp']}/{q['healthy']})",
+                  f"{_pct(q['false_stop_rate'])} ({q['fp']}/{q['healthy']})", f"{q['losing_stops']}/{q['fp']}",
                   str(q["early_stops"]), str(q["end_stops"]), f"{q['quality_kept']:+.3f}",
                   _pct(q["compute_saved"]), "—" if math.isnan(q["delay"]) else f"{q['delay']:.1f}",
                   _pct(q["precision"]), _pct(q["recall"]), _pct(q["fpr"]))

@@ -176,6 +176,36 @@ def test_usefulness_scores_by_hand():
     assert row(7).stop_phase == "at_end" and row(7).compute_saved == 0.0
     q = detection_quality(pd.DataFrame([row(5), row(2), row(7)]))
     assert (q["useful"], q["early_stops"], q["end_stops"], q["recall"]) == (1, 1, 1, 1.0)
+    assert q["losing_stops"] == 0  # no healthy run in this set
+
+
+def test_a_false_stop_loses_quality_only_when_the_kept_checkpoint_is_worse_than_the_end():
+    """Three healthy runs stopped at index 2: one dips and ends below its early best (the stop kept 0.6 > 0.5: no
+    loss), two dip and end above it (kept 0.6 < 0.9 and < 0.7: losses); a fourth is never stopped."""
+    rows = []
+    for run_id, ys in (("ends-low", [0.0, 0.6, 0.2, 0.4, 0.5]), ("ends-high", [0.0, 0.6, 0.2, 0.7, 0.9]),
+                       ("ends-higher", [0.0, 0.6, 0.5, 0.6, 0.7]), ("never", [0.0, 0.3, 0.6, 0.8, 1.0])):
+        rows += [{"run_id": run_id, "step": 10 * i, "eval_score": y, "label": 0} for i, y in enumerate(ys)]
+    runs = runs_from_trace(pd.DataFrame(rows))
+
+    class StopDips:
+        name, needs, threshold = "hand", (), None
+
+        def start(self):
+            class M:
+                seen: list = []
+
+                def observe(self, cp):
+                    self.seen = [*self.seen, cp.eval_score]
+                    return len(self.seen) == 3 and self.seen[-1] < self.seen[-2]
+            return M()
+
+    v = verdicts(StopDips(), runs).set_index("run_id")
+    assert list(v.stopped) == [1, 1, 1, 0]
+    assert v.loc["ends-low", "quality_kept"] == pytest.approx((0.6 - 0.5) / 0.6)
+    assert v.loc["ends-high", "quality_kept"] == pytest.approx((0.6 - 0.9) / 0.9)
+    q = detection_quality(v.reset_index())
+    assert (q["fp"], q["losing_stops"], q["false_stop_rate"]) == (3, 2, pytest.approx(3 / 4))
 
 
 def test_calibrate_on_a_small_fleet_hits_the_target_and_is_minimal(tmp_path):
