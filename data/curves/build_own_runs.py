@@ -12,6 +12,7 @@ applies the hindsight rule of LABELS.md to every run of every source.
     ... --holdout                                                     # ... and for the held-out set of v6
     ... --gate128                                                     # ... and for 40 holdout runs, 2x gate
     ... --gate256                                                     # ... and for the 4x-gate set (+ its twin)
+    ... --sealed                                                      # ... and for the sealed set (data/sealed/)
 
 Each run writes `runs/corpus-own/<run>.csv` when it finishes, so chunks can run in separate processes and a
 killed chunk resumes where it stopped. Everything is seeded (prompts, warm starts, sampling, PPO), so the same
@@ -65,6 +66,15 @@ TWIN_PROMPTS = 64
 TWIN_SEED_OFFSET = 1_000_003
 GATE256_CSV = REPO / "data" / "curves" / "own_ppo_gate256" / "traces.csv"
 TWIN64_CSV = REPO / "data" / "curves" / "own_ppo_twin64" / "traces.csv"
+#: `--sealed`: the `--gate256` design on seeds 32-43, declared before any detector version after v6 and kept out of
+#: data/curves (no report or detector reads it) until the next version is committed: its unseen check
+#: (data/sealed/README.md)
+SEALED_SEEDS = (32, 33, 34, 35)
+SEALED_EXTRA_SEEDS = tuple(range(36, 44))
+SEALED_CSV = REPO / "data" / "sealed" / "own_ppo_sealed256" / "traces.csv"
+SEALED_TWIN_CSV = REPO / "data" / "sealed" / "own_ppo_sealed64" / "traces.csv"
+#: run-id prefix of a two-gate run -> the prefix its 64-prompt twin records
+TWIN_PREFIXES = {"own-gate256/": "own-twin64/", "own-sealed256/": "own-sealed64/"}
 
 #: (name, overrides on configs/ppo-healthy.yaml). Spans strong to weak KL, small to large learning rates and a
 #: proxy with a trigger-character bonus the gold scorer ignores (switched on part-way through training).
@@ -87,16 +97,18 @@ COLUMNS = ("run_id", "step", "eval_score", "eval_se", "reward", "loss", "kl", "e
            "response_len", "kl_coef", "actor_lr", "gameable", "seed")
 
 
-def grid(fresh: bool = False, holdout: bool = False, gate128: bool = False,
-         gate256: bool = False) -> list[tuple[str, dict, int]]:
-    """Every run of the corpus (`fresh`, `holdout`, `gate128`, `gate256`: of that held-out set): (run_id, override
-    dict, seed), in a fixed order."""
-    if gate256:
+def grid(fresh: bool = False, holdout: bool = False, gate128: bool = False, gate256: bool = False,
+         sealed: bool = False) -> list[tuple[str, dict, int]]:
+    """Every run of the corpus (`fresh`, `holdout`, `gate128`, `gate256`, `sealed`: of that held-out set): (run_id,
+    override dict, seed), in a fixed order."""
+    if gate256 or sealed:
+        prefix, seeds, extra = (("own-sealed256", SEALED_SEEDS, SEALED_EXTRA_SEEDS) if sealed
+                                else ("own-gate256", GATE256_SEEDS, GATE256_EXTRA_SEEDS))
         bigger = {"eval_prompts": GATE256_PROMPTS, "task": {"n_heldout_prompts": GATE256_PROMPTS}}
-        runs = [(f"own-gate256/{name}/seed{seed}", {**overrides, **bigger}, seed)
-                for name, overrides in VARIANTS for seed in GATE256_SEEDS]
-        return runs + [(f"own-gate256/{name}/seed{seed}", {**overrides, **bigger}, seed)
-                       for name, overrides in VARIANTS if name.startswith("game") for seed in GATE256_EXTRA_SEEDS]
+        runs = [(f"{prefix}/{name}/seed{seed}", {**overrides, **bigger}, seed)
+                for name, overrides in VARIANTS for seed in seeds]
+        return runs + [(f"{prefix}/{name}/seed{seed}", {**overrides, **bigger}, seed)
+                       for name, overrides in VARIANTS if name.startswith("game") for seed in extra]
     if gate128:
         return [(run_id.replace("own-holdout/", "own-gate128/"), {**overrides, "eval_prompts": GATE128_PROMPTS}, seed)
                 for run_id, overrides, seed in grid(holdout=True)
@@ -127,13 +139,16 @@ def run_config(overrides: dict, seed: int):
     return TrainConfig.model_validate(_merge(raw, overrides))
 
 
-def twin_id(run_id: str) -> str:
-    """The run id of a `gate256` run as its 64-prompt twin gate records it."""
-    return run_id.replace("own-gate256/", "own-twin64/")
+def twin_id(run_id: str) -> str | None:
+    """The run id of a two-gate run (`gate256`, `sealed`) as its 64-prompt twin gate records it; None for others."""
+    for prefix, twin in TWIN_PREFIXES.items():
+        if run_id.startswith(prefix):
+            return twin + run_id[len(prefix):]
+    return None
 
 
 def train_one(run_id: str, overrides: dict, seed: int) -> tuple[list[dict], list[dict]]:
-    """One run's rows, and (for a `gate256` run) the rows of its 64-prompt twin gate, else []. The twin scores the
+    """One run's rows, and (for a two-gate run) the rows of its 64-prompt twin gate, else []. The twin scores the
     live policy right after the trainer's own gate, with its own sampling generator, so training is untouched."""
     from training.trainer import Trainer, gold_eval
 
@@ -141,7 +156,7 @@ def train_one(run_id: str, overrides: dict, seed: int) -> tuple[list[dict], list
     trainer = Trainer(cfg, overlap="none", out_dir=None, resume=False)
     meta = {"kl_coef": cfg.ppo.kl_coef, "actor_lr": cfg.ppo.actor_lr,
             "gameable": cfg.fault.at_step if cfg.fault.kind == "gameable_reward" else "", "seed": seed}
-    twin = run_id.startswith("own-gate256/")
+    twin = twin_id(run_id) is not None
     heldout = trainer.prompts.heldout
 
     def twin_row(step: int, train: dict) -> dict:
@@ -207,12 +222,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gate256", action="store_true",
                     help=f"the {GATE256_PROMPTS}-prompt-gate set (seeds {GATE256_SEEDS[0]}-{GATE256_EXTRA_SEEDS[-1]}) "
                          f"and its {TWIN_PROMPTS}-prompt twin gate")
+    ap.add_argument("--sealed", action="store_true",
+                    help=f"the sealed two-gate set (seeds {SEALED_SEEDS[0]}-{SEALED_EXTRA_SEEDS[-1]}), written to "
+                         f"{SEALED_CSV.parent.parent.relative_to(REPO)}/")
     args = ap.parse_args(argv)
-    if args.fresh + args.holdout + args.gate128 + args.gate256 > 1:
-        ap.error("--fresh, --holdout, --gate128 and --gate256 name different sets: pass one")
-    runs = grid(args.fresh, args.holdout, args.gate128, args.gate256)
-    out_csv = (GATE256_CSV if args.gate256 else GATE128_CSV if args.gate128 else HOLDOUT_CSV if args.holdout
-               else FRESH_CSV if args.fresh else OUT_CSV)
+    if args.fresh + args.holdout + args.gate128 + args.gate256 + args.sealed > 1:
+        ap.error("--fresh, --holdout, --gate128, --gate256 and --sealed name different sets: pass one")
+    runs = grid(args.fresh, args.holdout, args.gate128, args.gate256, args.sealed)
+    out_csv = (SEALED_CSV if args.sealed else GATE256_CSV if args.gate256 else GATE128_CSV if args.gate128
+               else HOLDOUT_CSV if args.holdout else FRESH_CSV if args.fresh else OUT_CSV)
     if args.list:
         for i, (run_id, _, _) in enumerate(runs):
             print(i, run_id, "done" if _run_file(run_id).exists() else "")
@@ -226,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         outputs = [(out_csv, [r for r, _, _ in runs])]
-        if args.gate256:
-            outputs.append((TWIN64_CSV, [twin_id(r) for r, _, _ in runs]))
+        if args.gate256 or args.sealed:
+            outputs.append((SEALED_TWIN_CSV if args.sealed else TWIN64_CSV, [twin_id(r) for r, _, _ in runs]))
         left = f" ({len(missing)} not trained yet)" if missing else ""
         for csv_path, run_ids in outputs:
             csv_path.parent.mkdir(parents=True, exist_ok=True)

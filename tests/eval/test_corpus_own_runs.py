@@ -143,6 +143,20 @@ def test_committed_gate256_runs_and_their_twins_score_the_same_training():
     assert abs(z.mean()) < 0.2 and 0.7 < z.std() < 1.3  # two unbiased measurements of one policy
 
 
+def test_sealed_set_has_the_gate256_design_on_seeds_no_other_set_uses():
+    sealed, gate = own.grid(sealed=True), own.grid(gate256=True)
+    earlier = {seed for kw in ({}, {"fresh": True}, {"holdout": True}, {"gate256": True})
+               for _, _, seed in own.grid(**kw)}
+    assert not {seed for _, _, seed in sealed} & earlier
+    assert len(sealed) == len({r[0] for r in sealed}) == len(gate)
+    assert [(r[0].split("/")[1], r[1]) for r in sealed] == [(r[0].split("/")[1], r[1]) for r in gate]
+    assert all(own.twin_id(r[0]).startswith("own-sealed64/") for r in sealed)
+    assert own.twin_id("own-holdout/kl0.2-lr3e-4/seed8") is None
+    # sealed: outside data/curves, so no report, index or detector reads it
+    corpus = REPO / "data" / "curves"
+    assert corpus not in own.SEALED_CSV.parents and corpus not in own.SEALED_TWIN_CSV.parents
+
+
 @pytest.mark.parametrize("source, kw", [
     ("own_ppo", {}), ("own_ppo_fresh", {"fresh": True}), ("own_ppo_holdout", {"holdout": True}),
     ("own_ppo_gate128", {"gate128": True}), ("own_ppo_gate256", {"gate256": True}),
