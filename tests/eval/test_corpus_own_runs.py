@@ -160,8 +160,10 @@ def test_sealed_set_has_the_gate256_design_on_seeds_no_other_set_uses():
 @pytest.mark.parametrize("source, kw", [
     ("own_ppo", {}), ("own_ppo_fresh", {"fresh": True}), ("own_ppo_holdout", {"holdout": True}),
     ("own_ppo_gate128", {"gate128": True}), ("own_ppo_gate256", {"gate256": True}),
-    ("own_ppo_twin64", {"gate256": True})])
+    ("own_ppo_twin64", {"gate256": True}), ("../sealed/own_ppo_sealed256", {"sealed": True}),
+    ("../sealed/own_ppo_sealed64", {"sealed": True})])
 def test_committed_own_traces_hold_the_grid(source, kw):
+    """The run ids and checkpoint counts only: no label or score is read (the sealed sets must stay unread)."""
     path = REPO / "data" / "curves" / source / "traces.csv"
     if not path.exists():
         pytest.skip(f"{source}/traces.csv not assembled yet")
@@ -169,7 +171,8 @@ def test_committed_own_traces_hold_the_grid(source, kw):
         rows = list(csv.DictReader(f))
     per_run = Counter(r["run_id"] for r in rows)
     ids = {r[0] for r in own.grid(**kw)}
-    assert set(per_run) == ({own.twin_id(i) for i in ids} if source == "own_ppo_twin64" else ids)
+    twin = source.endswith(("twin64", "sealed64"))
+    assert set(per_run) == ({own.twin_id(i) for i in ids} if twin else ids)
     expected = own.STEPS // own.EVAL_EVERY + 1  # step 0 and every EVAL_EVERY steps
     assert set(per_run.values()) == {expected}
     for r in rows:
