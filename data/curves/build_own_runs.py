@@ -97,27 +97,29 @@ COLUMNS = ("run_id", "step", "eval_score", "eval_se", "reward", "loss", "kl", "e
            "response_len", "kl_coef", "actor_lr", "gameable", "seed")
 
 
+def _grid_plus_gameable(prefix: str, seeds, extra_seeds, over: dict | None = None) -> list[tuple[str, dict, int]]:
+    """Every variant on `seeds`, then the gameable-proxy variants on `extra_seeds`, each with `over` applied."""
+    runs = [(f"{prefix}/{name}/seed{seed}", {**overrides, **(over or {})}, seed)
+            for name, overrides in VARIANTS for seed in seeds]
+    return runs + [(f"{prefix}/{name}/seed{seed}", {**overrides, **(over or {})}, seed)
+                   for name, overrides in VARIANTS if name.startswith("game") for seed in extra_seeds]
+
+
 def grid(fresh: bool = False, holdout: bool = False, gate128: bool = False, gate256: bool = False,
          sealed: bool = False) -> list[tuple[str, dict, int]]:
     """Every run of the corpus (`fresh`, `holdout`, `gate128`, `gate256`, `sealed`: of that held-out set): (run_id,
     override dict, seed), in a fixed order."""
     if gate256 or sealed:
-        prefix, seeds, extra = (("own-sealed256", SEALED_SEEDS, SEALED_EXTRA_SEEDS) if sealed
-                                else ("own-gate256", GATE256_SEEDS, GATE256_EXTRA_SEEDS))
         bigger = {"eval_prompts": GATE256_PROMPTS, "task": {"n_heldout_prompts": GATE256_PROMPTS}}
-        runs = [(f"{prefix}/{name}/seed{seed}", {**overrides, **bigger}, seed)
-                for name, overrides in VARIANTS for seed in seeds]
-        return runs + [(f"{prefix}/{name}/seed{seed}", {**overrides, **bigger}, seed)
-                       for name, overrides in VARIANTS if name.startswith("game") for seed in extra]
+        if sealed:
+            return _grid_plus_gameable("own-sealed256", SEALED_SEEDS, SEALED_EXTRA_SEEDS, bigger)
+        return _grid_plus_gameable("own-gate256", GATE256_SEEDS, GATE256_EXTRA_SEEDS, bigger)
     if gate128:
         return [(run_id.replace("own-holdout/", "own-gate128/"), {**overrides, "eval_prompts": GATE128_PROMPTS}, seed)
                 for run_id, overrides, seed in grid(holdout=True)
                 if "/game" in run_id or seed in HOLDOUT_SEEDS[:2]]
     if holdout:
-        runs = [(f"own-holdout/{name}/seed{seed}", overrides, seed)
-                for name, overrides in VARIANTS for seed in HOLDOUT_SEEDS]
-        return runs + [(f"own-holdout/{name}/seed{seed}", overrides, seed)
-                       for name, overrides in VARIANTS if name.startswith("game") for seed in HOLDOUT_EXTRA_SEEDS]
+        return _grid_plus_gameable("own-holdout", HOLDOUT_SEEDS, HOLDOUT_EXTRA_SEEDS)
     prefix, seeds = ("own-fresh", FRESH_SEEDS) if fresh else ("own", SEEDS)
     return [(f"{prefix}/{name}/seed{seed}", overrides, seed) for name, overrides in VARIANTS for seed in seeds]
 
