@@ -73,8 +73,9 @@ SEALED_SEEDS = (32, 33, 34, 35)
 SEALED_EXTRA_SEEDS = tuple(range(36, 44))
 SEALED_CSV = REPO / "data" / "sealed" / "own_ppo_sealed256" / "traces.csv"
 SEALED_TWIN_CSV = REPO / "data" / "sealed" / "own_ppo_sealed64" / "traces.csv"
-#: run-id prefix of a two-gate run -> the prefix its 64-prompt twin records
+#: run-id prefix of a two-gate run -> the prefix its 64-prompt twin records; a two-gate set's CSV -> its twin's CSV
 TWIN_PREFIXES = {"own-gate256/": "own-twin64/", "own-sealed256/": "own-sealed64/"}
+TWIN_CSVS = {GATE256_CSV: TWIN64_CSV, SEALED_CSV: SEALED_TWIN_CSV}
 
 #: (name, overrides on configs/ppo-healthy.yaml). Spans strong to weak KL, small to large learning rates and a
 #: proxy with a trigger-character bonus the gold scorer ignores (switched on part-way through training).
@@ -215,21 +216,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", help="indices of the grid to train, e.g. 0-9,12 (default: all)")
     ap.add_argument("--assemble", action="store_true", help=f"merge finished runs into {OUT_CSV.relative_to(REPO)}")
     ap.add_argument("--partial", action="store_true", help="with --assemble: merge the finished runs only")
-    ap.add_argument("--fresh", action="store_true",
+    sets = ap.add_mutually_exclusive_group()  # each flag names another set of runs
+    sets.add_argument("--fresh", action="store_true",
                     help=f"the held-out fresh set (seeds {FRESH_SEEDS}) instead of the corpus grid")
-    ap.add_argument("--holdout", action="store_true",
+    sets.add_argument("--holdout", action="store_true",
                     help=f"the held-out set of noisepatience v6 (seeds {HOLDOUT_SEEDS[0]}-{HOLDOUT_EXTRA_SEEDS[-1]})")
-    ap.add_argument("--gate128", action="store_true",
+    sets.add_argument("--gate128", action="store_true",
                     help=f"40 of the holdout's runs with a {GATE128_PROMPTS}-prompt gate (a paired check of gate size)")
-    ap.add_argument("--gate256", action="store_true",
+    sets.add_argument("--gate256", action="store_true",
                     help=f"the {GATE256_PROMPTS}-prompt-gate set (seeds {GATE256_SEEDS[0]}-{GATE256_EXTRA_SEEDS[-1]}) "
                          f"and its {TWIN_PROMPTS}-prompt twin gate")
-    ap.add_argument("--sealed", action="store_true",
+    sets.add_argument("--sealed", action="store_true",
                     help=f"the sealed two-gate set (seeds {SEALED_SEEDS[0]}-{SEALED_EXTRA_SEEDS[-1]}), written to "
                          f"{SEALED_CSV.parent.parent.relative_to(REPO)}/")
     args = ap.parse_args(argv)
-    if args.fresh + args.holdout + args.gate128 + args.gate256 + args.sealed > 1:
-        ap.error("--fresh, --holdout, --gate128, --gate256 and --sealed name different sets: pass one")
     runs = grid(args.fresh, args.holdout, args.gate128, args.gate256, args.sealed)
     out_csv = (SEALED_CSV if args.sealed else GATE256_CSV if args.gate256 else GATE128_CSV if args.gate128
                else HOLDOUT_CSV if args.holdout else FRESH_CSV if args.fresh else OUT_CSV)
@@ -246,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         outputs = [(out_csv, [r for r, _, _ in runs])]
-        if args.gate256 or args.sealed:
-            outputs.append((SEALED_TWIN_CSV if args.sealed else TWIN64_CSV, [twin_id(r) for r, _, _ in runs]))
+        if out_csv in TWIN_CSVS:
+            outputs.append((TWIN_CSVS[out_csv], [twin_id(r) for r, _, _ in runs]))
         left = f" ({len(missing)} not trained yet)" if missing else ""
         for csv_path, run_ids in outputs:
             csv_path.parent.mkdir(parents=True, exist_ok=True)
