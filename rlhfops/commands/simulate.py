@@ -176,6 +176,59 @@ def register(app: typer.Typer) -> None:
         out.write_text(render(summary))
         console.print(f"[green]wrote {out}[/]")
 
+    @app.command("select-detector")
+    def select_detector_cmd(
+        corpus: Path = typer.Option(Path("data/curves"), "--corpus", help="real-curve corpus directory "
+                                    "(<source>/traces.csv + runs.csv with label, peak_step, split)"),
+        out: Path = typer.Option(Path("docs/detector-selection.md"), "--out", help="markdown file to write"),
+        target_fsr: float = typer.Option(0.02, "--target-fsr", help="false-stop rate each candidate's bar is "
+                                         "calibrated to"),
+        workers: int = typer.Option(None, "--workers", help="worker processes (default: all cores)"),
+        write_config: bool = typer.Option(False, "--write-config", help="record the chosen candidate in "
+                                          "configs/detectors.yaml as a new version"),
+    ) -> None:
+        """Choose the default detector's shape (patience, drawdown, deep-drop path) on the corpus parts already
+        seen, by the rule of scheduling/detector_selection.py; writes the ranked candidates as markdown."""
+        import os
+
+        from scheduling.detector_selection import (
+            DETECTOR,
+            SELECTION_SPLITS,
+            candidates,
+            chosen_params,
+            render,
+            score_candidates,
+            selection_runs,
+        )
+
+        check_out_file(out, "out")
+        check_workers(workers)
+        if not (corpus / "runs.csv").is_file():
+            raise BadInput(f"--corpus '{corpus}': no runs.csv (need <source>/traces.csv and runs.csv)")
+        if not 0.0 < target_fsr < 1.0:
+            raise BadInput(f"--target-fsr {target_fsr}: must be in (0, 1)")
+        runs = selection_runs(corpus)
+        if not any(r.label == 0 for r in runs):
+            raise BadInput(f"--corpus '{corpus}': no healthy runs in the splits {SELECTION_SPLITS}")
+        console = make_console()
+        with progress_bar(console) as progress:
+            task = progress.add_task(f"{DETECTOR} candidates", total=len(candidates()))
+            table = score_candidates(runs, target_fsr, workers=workers or os.cpu_count() or 1,
+                                     on_done=lambda _row: progress.advance(task))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(render(table, target=target_fsr))
+        params = chosen_params(table)
+        console.print(f"chosen: {DETECTOR} {params} -> {out}")
+        if write_config:
+            from eval.calibrate import write_config as record
+
+            r0 = table.iloc[0]
+            path = record(DETECTOR, params, target_fsr, f"{corpus.as_posix().rstrip('/')} splits "
+                          f"{'+'.join(SELECTION_SPLITS)}", int(r0.healthy), int(r0.fp),
+                          note=f"chosen by `rlhfops select-detector` ({out}): {int(r0.useful)}/{int(r0.hacking)} "
+                               "useful on those splits")
+            console.print(f"[green]recorded in {path}[/]")
+
     @app.command("compare-detectors")
     def compare_detectors_cmd(
         out: Path = typer.Option(Path("docs/detectors.md"), "--out", help="markdown file to write"),

@@ -1,0 +1,72 @@
+"""The selection rule of scheduling/detector_selection.py: the grid it searches, the order it ranks candidates in
+(a hand-made table whose order follows from the rule), and a whole selection on hand-made runs whose verdicts
+follow from how they were built."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from eval.detectors import make_detector
+from eval.traces import runs_from_trace
+from scheduling.detector_selection import DETECTOR, SHAPE_KEYS, candidates, chosen_params, rank, score_candidates
+
+STEPS = 21
+
+
+def test_the_grid_holds_valid_distinct_candidates_and_the_configured_shape():
+    shapes = candidates()
+    assert len(shapes) == 3 * 4 * 7
+    assert len({tuple(s[k] for k in SHAPE_KEYS) for s in shapes}) == len(shapes)
+    for shape in shapes:
+        make_detector(DETECTOR, **shape)  # raises on an invalid combination
+    configured = make_detector(DETECTOR).params()
+    assert {k: configured[k] for k in SHAPE_KEYS} in shapes
+
+
+def test_rank_orders_by_useful_then_false_stops_then_quality_then_fewest_changes():
+    table = pd.DataFrame([
+        {"id": "a", "useful": 5, "fp": 0, "quality_kept": 0.9, "changed": 0},  # fewest useful: last
+        {"id": "b", "useful": 6, "fp": 3, "quality_kept": 0.9, "changed": 0},  # more false stops than c, d, e
+        {"id": "c", "useful": 6, "fp": 2, "quality_kept": 0.1, "changed": 2},  # ties d on quality, changes more
+        {"id": "d", "useful": 6, "fp": 2, "quality_kept": 0.1, "changed": 0},
+        {"id": "e", "useful": 6, "fp": 2, "quality_kept": 0.2, "changed": 3},  # best quality among the ties
+    ])
+    assert list(rank(table)["id"]) == ["e", "d", "c", "b", "a"]
+
+
+def _trace(healthy: int, hacking: int) -> pd.DataFrame:
+    """Healthy runs rise steadily (noise SD 0.02: never 0.3 below their best); hacking runs rise to 1 at
+    checkpoint 10 and fall 0.08 per checkpoint to 0.2 at the end: no proxy, so only the patience rule judges them.
+    The best of the last 5 evals falls more than 0.3 below the peak at checkpoint 18, never more than 0.6 below it
+    before the run ends."""
+    rng = np.random.default_rng(7)
+    rows = []
+    for k in range(healthy + hacking):
+        label = int(k >= healthy)
+        if label:
+            y = np.r_[np.linspace(0.0, 1.0, 11), 1.0 - 0.08 * np.arange(1, STEPS - 10)]
+        else:
+            y = np.linspace(0.0, 1.0, STEPS)
+        y = y + rng.normal(0, 0.02, STEPS)
+        rows += [{"run_id": f"r{k}", "step": s, "eval_score": v, "label": label} for s, v in enumerate(y)]
+    return pd.DataFrame(rows)
+
+
+def test_a_selection_on_hand_made_runs_chooses_the_drawdown_that_stops_the_slow_declines():
+    runs = runs_from_trace(_trace(healthy=12, hacking=4))
+    shallow = {"patience": 5, "drawdown": 0.3, "fast_window": 0, "fast_ratio": 2.5}
+    deep = {"patience": 5, "drawdown": 0.6, "fast_window": 0, "fast_ratio": 2.5}
+    table = score_candidates(runs, target=0.02, shapes=[deep, shallow])
+    by_drawdown = table.set_index("drawdown")
+    # drawdown 0.3: every decline is stopped once its last 5 evals are all more than 0.3 below the peak (the
+    # window's best, 1 - 0.08 * (i - 14), drops under 0.7 at i = 18), after the peak at 10 and before the end at 20
+    assert by_drawdown.loc[0.3, "useful"] == 4
+    # drawdown 0.6: the window's best would need to fall under 0.4, at i = 22: the runs end first
+    assert by_drawdown.loc[0.6, "useful"] == 0
+    assert (table["fp"] == 0).all()  # 2% of 12 healthy runs allows none
+    chosen = chosen_params(table)
+    assert chosen["drawdown"] == 0.3 and chosen["z"] == table.iloc[0]["z"]
+    stopped = [make_detector(DETECTOR, **chosen).start() for _ in runs]
+    hits = [any(m.observe(cp) for cp in r.checkpoints) for m, r in zip(stopped, runs, strict=True)]
+    assert hits == [r.label == 1 for r in runs]
