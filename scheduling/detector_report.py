@@ -226,23 +226,28 @@ def _ci(k: int, n: int) -> str:
 #: what each held-out split is, for the report (eval.corpus.HELD_OUT_SOURCES says which source is which split)
 HELD_OUT_NOTES = {
     "fresh": "Runs recorded after every choice and threshold of `noisepatience` v5 was fixed (this project's trainer "
-             "on the corpus grid, seeds 4-7), held out whole: nothing was tuned or calibrated on them. v6 came "
-             "after they were read (configs/detectors.yaml's changelog), so for v6 they are a second report half, "
-             "not an unseen check.",
+             "on the corpus grid, seeds 4-7), held out whole. An unseen check of v5; read before v6; one of the "
+             "parts v7 was chosen and calibrated on (in-sample for the current default).",
     "holdout": "Runs declared (the grid on seeds 8-11, the gameable-proxy variants on seeds 12-19) before "
-               "`noisepatience` v6 was chosen and read by no detector before v6 was committed: the unseen check of "
-               "the current default. Held out whole.",
+               "`noisepatience` v6 was chosen, held out whole: the unseen check of v6; one of the parts v7 was "
+               "chosen and calibrated on (in-sample for the current default).",
     "gate128": "40 of the `holdout` runs (every gameable-proxy run, the plain variants on seeds 8-9) measured with a "
                "gate twice as large (128 held-out prompts instead of 64); training is the same run (the gate samples "
                "with its own generator), so only the eval's noise differs. Declared after the holdout result, "
                "before any of its runs was trained; reported beside the same runs of `holdout`, never pooled.",
-    "twin64": "56 new runs (the grid on seeds 20-23, the gameable-proxy variants on seeds 24-31), declared after "
+    "twin64": "56 runs (the grid on seeds 20-23, the gameable-proxy variants on seeds 24-31), declared after "
               "`noisepatience` v6 was committed and before any of them was trained: a second unseen check of v6 at "
-              "the shipped gate size (64 held-out prompts). Each checkpoint was scored by this gate and, in the same "
-              "run, by a 256-prompt gate (`gate256`). Held out whole.",
+              "the shipped gate size (64 held-out prompts); one of the parts v7 was chosen and calibrated on "
+              "(in-sample for the current default). Each checkpoint was scored by this gate and, in the same run, by "
+              "a 256-prompt gate (`gate256`). Held out whole.",
     "gate256": "The `twin64` runs as a 256-prompt gate scored them (the gate the trainer ran; the 64-prompt twin "
                "sampled with its own generator, so both score the same policy at every checkpoint): what a gate four "
                "times as large buys. Reported beside `twin64`, never pooled.",
+    "sealed64": "56 runs of the `twin64` design on seeds 32-43, declared and recorded after v6 and before v7 was "
+                "chosen, kept outside the corpus (unread by any detector) until v7 was committed: the unseen check "
+                "of the current default at the shipped gate size. Held out whole.",
+    "sealed256": "The `sealed64` runs as their 256-prompt gate scored them (the same policy at every checkpoint). "
+                 "Reported beside `sealed64`, never pooled.",
 }
 
 
@@ -253,7 +258,7 @@ def calibration_check(corpus: Path) -> str:
     import yaml
 
     from eval.calibrate import calibration_groups, has_proxy
-    from eval.corpus import ALL_SPLITS, PAIRED_SPLITS
+    from eval.corpus import ALL_SPLITS, CHOSEN_ON_SPLITS, PAIRED_SPLITS
     from eval.detectors import DETECTOR_CONFIG
     from eval.traces import detection_quality, verdicts
 
@@ -278,11 +283,12 @@ def calibration_check(corpus: Path) -> str:
     held_out = ""
     held = [split for split in ALL_SPLITS if split not in ("tune", "report") and runs_of[split]]
     for split in held:
-        held_out += (f"\nThe same lines on the `{split}` split:\n\n"
+        seen = " (the default was chosen on it: in-sample)" if split in CHOSEN_ON_SPLITS else ""
+        held_out += (f"\nThe same lines on the `{split}` split{seen}:\n\n"
                      f"{_acceptance(detection_quality(verdicts(det, runs_of[split])))}\n")
         if split in PAIRED_SPLITS:
             held_out += paired_check(det, split, runs_of[split], PAIRED_SPLITS[split], runs_of[PAIRED_SPLITS[split]])
-    parts = [split for split in held if split not in PAIRED_SPLITS]
+    parts = [split for split in held if split not in PAIRED_SPLITS and split not in CHOSEN_ON_SPLITS]
     if parts:
         pooled = report_runs + [r for split in parts for r in runs_of[split]]
         names = " and ".join(f"`{split}`" for split in ("report", *parts))
@@ -298,11 +304,11 @@ def calibration_check(corpus: Path) -> str:
     low_all = false_stop_check_low(q["hacking"])
     return (f"Calibration: `{DEFAULT_DETECTOR}` {det.params()} — {keys} fitted to the target false-stop rate "
             f"{entry.get('target_false_stop_rate')} on {cal.get('fleet')} ({cal.get('healthy_runs')} healthy runs, "
-            f"{cal.get('stopped')} stopped) by `rlhfops detect --detector {DEFAULT_DETECTOR} --calibrate "
-            "data/curves`; the other parameters were chosen before it on the tune half (patience, drawdown, "
-            "fast_window, fast_ratio) and on simulator seeds 1-100 (the gate-phase bars and `gate_from`; "
-            "configs/detectors.yaml's changelog says how). Checked on every part (Clopper-Pearson intervals, "
-            "scipy.stats.binomtest):\n\n"
+            f"{cal.get('stopped')} stopped) by `rlhfops select-detector`, once for each candidate shape (patience, "
+            "drawdown, fast_window, fast_ratio) of its grid, the shape chosen by its rule on the same parts "
+            f"({', '.join(f'`{s}`' for s in CHOSEN_ON_SPLITS)}: docs/detector-selection.md); the gate-phase bars and "
+            "`gate_from` on simulator seeds 1-100 (configs/detectors.yaml's changelog says how). Checked on every "
+            "part (Clopper-Pearson intervals, scipy.stats.binomtest):\n\n"
             + "\n".join(lines) + "\n\n"
             "Issue 14's acceptance on the `report` half, default detector with no parameters:\n\n"
             + _acceptance(q) + "\n" + held_out + "\n"
@@ -388,7 +394,9 @@ def render_corpus(tables: dict[str, pd.DataFrame], corpus: Path) -> str:
            "the run's range, 3 noise SDs) below its smoothed peak, with at least 2 checkpoints after the peak; "
            "else healthy), written before any detector ran on it. Runs are split per (source, label) stratum by a "
            "seeded hash into `tune` (choose and calibrate) and `report` (this table's headline; never used to "
-           "choose anything). Every detector runs with no parameters (class defaults overridden by "
+           "choose anything); the sources recorded later are each held out whole as a split of their own, and the "
+           "default was chosen on `tune` and the older of them (each split's note says which). Every detector runs "
+           "with no parameters (class defaults overridden by "
            "configs/detectors.yaml). Useful: a hacking run stopped at or after its gold peak and before its last "
            "checkpoint. False stops: healthy runs stopped; at a loss: of those, the ones whose kept checkpoint "
            "scores below the run's final one (the others kept a checkpoint at least as good as the one the run "

@@ -12,7 +12,7 @@ applies the hindsight rule of LABELS.md to every run of every source.
     ... --holdout                                                     # ... and for the held-out set of v6
     ... --gate128                                                     # ... and for 40 holdout runs, 2x gate
     ... --gate256                                                     # ... and for the 4x-gate set (+ its twin)
-    ... --sealed                                                      # ... and for the sealed set (data/sealed/)
+    ... --sealed                                                      # ... and for v7's unseen check (+ its twin)
 
 Each run writes `runs/corpus-own/<run>.csv` when it finishes, so chunks can run in separate processes and a
 killed chunk resumes where it stopped. Everything is seeded (prompts, warm starts, sampling, PPO), so the same
@@ -67,12 +67,11 @@ TWIN_SEED_OFFSET = 1_000_003
 GATE256_CSV = REPO / "data" / "curves" / "own_ppo_gate256" / "traces.csv"
 TWIN64_CSV = REPO / "data" / "curves" / "own_ppo_twin64" / "traces.csv"
 #: `--sealed`: the `--gate256` design on seeds 32-43, declared before any detector version after v6 and kept out of
-#: data/curves (no report or detector reads it) until the next version is committed: its unseen check
-#: (data/sealed/README.md)
+#: data/curves (in data/sealed/, read by no report or detector) until v7 was committed: v7's unseen check
 SEALED_SEEDS = (32, 33, 34, 35)
 SEALED_EXTRA_SEEDS = tuple(range(36, 44))
-SEALED_CSV = REPO / "data" / "sealed" / "own_ppo_sealed256" / "traces.csv"
-SEALED_TWIN_CSV = REPO / "data" / "sealed" / "own_ppo_sealed64" / "traces.csv"
+SEALED_CSV = REPO / "data" / "curves" / "own_ppo_sealed256" / "traces.csv"
+SEALED_TWIN_CSV = REPO / "data" / "curves" / "own_ppo_sealed64" / "traces.csv"
 #: run-id prefix of a two-gate run -> the prefix its 64-prompt twin records; a two-gate set's CSV -> its twin's CSV
 TWIN_PREFIXES = {"own-gate256/": "own-twin64/", "own-sealed256/": "own-sealed64/"}
 TWIN_CSVS = {GATE256_CSV: TWIN64_CSV, SEALED_CSV: SEALED_TWIN_CSV}
@@ -227,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"the {GATE256_PROMPTS}-prompt-gate set (seeds {GATE256_SEEDS[0]}-{GATE256_EXTRA_SEEDS[-1]}) "
                          f"and its {TWIN_PROMPTS}-prompt twin gate")
     sets.add_argument("--sealed", action="store_true",
-                    help=f"the sealed two-gate set (seeds {SEALED_SEEDS[0]}-{SEALED_EXTRA_SEEDS[-1]}), written to "
-                         f"{SEALED_CSV.parent.parent.relative_to(REPO)}/")
+                    help=f"the two-gate set sealed until v7 (seeds {SEALED_SEEDS[0]}-{SEALED_EXTRA_SEEDS[-1]}) "
+                         f"and its {TWIN_PROMPTS}-prompt twin gate")
     args = ap.parse_args(argv)
     runs = grid(args.fresh, args.holdout, args.gate128, args.gate256, args.sealed)
     out_csv = (SEALED_CSV if args.sealed else GATE256_CSV if args.gate256 else GATE128_CSV if args.gate128

@@ -124,12 +124,13 @@ def test_gate256_runs_are_new_seeds_with_a_bigger_gate_and_a_twin():
         assert (run_id.split("/")[1], plain) in own.VARIANTS
 
 
-def test_committed_gate256_runs_and_their_twins_score_the_same_training():
+@pytest.mark.parametrize("sources", [("own_ppo_gate256", "own_ppo_twin64"), ("own_ppo_sealed256", "own_ppo_sealed64")])
+def test_committed_two_gate_runs_and_their_twins_score_the_same_training(sources):
     """The twin gate scores the same run: every training column matches row for row, the gate's SE is about twice
     the 256-prompt gate's (sqrt(256 / 64)), and the two gates' means differ by no more than their noise."""
-    paths = [REPO / "data" / "curves" / s / "traces.csv" for s in ("own_ppo_gate256", "own_ppo_twin64")]
+    paths = [REPO / "data" / "curves" / s / "traces.csv" for s in sources]
     if not all(p.exists() for p in paths):
-        pytest.skip("own_ppo_gate256 / own_ppo_twin64 not assembled yet")
+        pytest.skip(f"{' / '.join(sources)} not assembled yet")
     import pandas as pd
 
     gate, twin = (pd.read_csv(p) for p in paths)
@@ -152,18 +153,15 @@ def test_sealed_set_has_the_gate256_design_on_seeds_no_other_set_uses():
     assert [(r[0].split("/")[1], r[1]) for r in sealed] == [(r[0].split("/")[1], r[1]) for r in gate]
     assert all(own.twin_id(r[0]).startswith("own-sealed64/") for r in sealed)
     assert own.twin_id("own-holdout/kl0.2-lr3e-4/seed8") is None
-    # sealed: outside data/curves, so no report, index or detector reads it
-    corpus = REPO / "data" / "curves"
-    assert corpus not in own.SEALED_CSV.parents and corpus not in own.SEALED_TWIN_CSV.parents
 
 
 @pytest.mark.parametrize("source, kw", [
     ("own_ppo", {}), ("own_ppo_fresh", {"fresh": True}), ("own_ppo_holdout", {"holdout": True}),
     ("own_ppo_gate128", {"gate128": True}), ("own_ppo_gate256", {"gate256": True}),
-    ("own_ppo_twin64", {"gate256": True}), ("../sealed/own_ppo_sealed256", {"sealed": True}),
-    ("../sealed/own_ppo_sealed64", {"sealed": True})])
+    ("own_ppo_twin64", {"gate256": True}), ("own_ppo_sealed256", {"sealed": True}),
+    ("own_ppo_sealed64", {"sealed": True})])
 def test_committed_own_traces_hold_the_grid(source, kw):
-    """The run ids and checkpoint counts only: no label or score is read (the sealed sets must stay unread)."""
+    """The run ids and checkpoint counts of every committed own-PPO set."""
     path = REPO / "data" / "curves" / source / "traces.csv"
     if not path.exists():
         pytest.skip(f"{source}/traces.csv not assembled yet")

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from eval.corpus import ALL_SPLITS
+from eval.corpus import ALL_SPLITS, CHOSEN_ON_SPLITS
 from scheduling.detector_report import corpus_table, render_corpus
 
 STEPS = 21
@@ -51,30 +51,35 @@ def _write_corpus(root, plan: dict[str, tuple[int, int]]) -> None:
 
 
 def test_every_held_out_split_is_reported_and_pooled(tmp_path):
-    # gate128 re-measures holdout's runs and gate256 twin64's (the same run ids after the source part): each reported
-    # beside its base split, never pooled
+    # gate128 re-measures holdout's runs, gate256 twin64's and sealed256 sealed64's (the same run ids after the
+    # source part): each reported beside its base split, never pooled; the parts the default was chosen on
+    # (CHOSEN_ON_SPLITS) are reported, never pooled with the unseen ones
     plan = {"tune": (12, 2), "report": (10, 3), "fresh": (6, 2), "holdout": (8, 5), "gate128": (8, 5),
-            "twin64": (7, 4), "gate256": (7, 4)}
+            "twin64": (7, 4), "gate256": (7, 4), "sealed64": (9, 6), "sealed256": (9, 6)}
     assert set(plan) == set(ALL_SPLITS)
     _write_corpus(tmp_path, plan)
     text = render_corpus({split: corpus_table(tmp_path, split) for split in ALL_SPLITS}, tmp_path)
     for split, (healthy, hacking) in plan.items():
         assert f"### `{split}` split: {healthy + hacking} runs ({hacking} hacking, {healthy} healthy)" in text
     # every hacking run here is stopped usefully and no healthy one at all (the test's construction)
-    for split in ("fresh", "holdout", "gate128", "twin64", "gate256"):
+    for split in ("fresh", "holdout", "gate128", "twin64", "gate256", "sealed64", "sealed256"):
         healthy, hacking = plan[split]
-        section = text.split(f"The same lines on the `{split}` split:")[1].split("\n\n")[1]
+        seen = " (the default was chosen on it: in-sample)" if split in CHOSEN_ON_SPLITS else ""
+        section = text.split(f"The same lines on the `{split}` split{seen}:")[1].split("\n\n")[1]
         assert f"0/{healthy} = 0.0%" in section
         assert f"{hacking}/{hacking} = 100.0%" in section
-    pooled = text.split("The same lines on `report` and `fresh` and `holdout` and `twin64` pooled")[1].split("\n\n")[1]
-    n_healthy = sum(plan[s][0] for s in ("report", "fresh", "holdout", "twin64"))
-    n_hacking = sum(plan[s][1] for s in ("report", "fresh", "holdout", "twin64"))
+    pooled = text.split("The same lines on `report` and `sealed64` pooled")[1].split("\n\n")[1]
+    n_healthy = sum(plan[s][0] for s in ("report", "sealed64"))
+    n_hacking = sum(plan[s][1] for s in ("report", "sealed64"))
     assert f"0/{n_healthy} = 0.0%" in pooled and f"{n_hacking}/{n_hacking} = 100.0%" in pooled
     paired = text.split("The same 13 runs as `holdout` measured them:")[1].split("\n\n")[1]
     assert "0/8 = 0.0%" in paired and "5/5 = 100.0%" in paired
     paired = text.split("The same 11 runs as `twin64` measured them:")[1].split("\n\n")[1]
     assert "0/7 = 0.0%" in paired and "4/4 = 100.0%" in paired
-    assert "the two agree on 13 of 13 labels" in text and "the two agree on 11 of 11 labels" in text
+    paired = text.split("The same 15 runs as `sealed64` measured them:")[1].split("\n\n")[1]
+    assert "0/9 = 0.0%" in paired and "6/6 = 100.0%" in paired
+    for n in (13, 11, 15):
+        assert f"the two agree on {n} of {n} labels" in text
     assert "The bar's trade-off on `gate128`:" in text and "The bar's trade-off on the same runs of `holdout`:" in text
     assert "The bar's trade-off on `gate256`:" in text and "The bar's trade-off on the same runs of `twin64`:" in text
     # the report half's own lines come first and count the report half only
