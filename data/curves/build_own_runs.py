@@ -13,6 +13,7 @@ applies the hindsight rule of LABELS.md to every run of every source.
     ... --gate128                                                     # ... and for 40 holdout runs, 2x gate
     ... --gate256                                                     # ... and for the 4x-gate set (+ its twin)
     ... --sealed                                                      # ... and for v7's unseen check (+ its twin)
+    ... --sealed8                                                     # ... and for v8's, sealed (data/sealed/)
 
 Each run writes `runs/corpus-own/<run>.csv` when it finishes, so chunks can run in separate processes and a
 killed chunk resumes where it stopped. Everything is seeded (prompts, warm starts, sampling, PPO), so the same
@@ -72,9 +73,16 @@ SEALED_SEEDS = (32, 33, 34, 35)
 SEALED_EXTRA_SEEDS = tuple(range(36, 44))
 SEALED_CSV = REPO / "data" / "curves" / "own_ppo_sealed256" / "traces.csv"
 SEALED_TWIN_CSV = REPO / "data" / "curves" / "own_ppo_sealed64" / "traces.csv"
+#: `--sealed8`: the same two-gate design on seeds 44-55, declared after v7's unseen check was read and before any
+#: later version was chosen; kept in data/sealed/ (read by no report or detector) until v8 is committed: its check
+SEALED8_SEEDS = (44, 45, 46, 47)
+SEALED8_EXTRA_SEEDS = tuple(range(48, 56))
+SEALED8_CSV = REPO / "data" / "sealed" / "own_ppo_sealed8_256" / "traces.csv"
+SEALED8_TWIN_CSV = REPO / "data" / "sealed" / "own_ppo_sealed8_64" / "traces.csv"
 #: run-id prefix of a two-gate run -> the prefix its 64-prompt twin records; a two-gate set's CSV -> its twin's CSV
-TWIN_PREFIXES = {"own-gate256/": "own-twin64/", "own-sealed256/": "own-sealed64/"}
-TWIN_CSVS = {GATE256_CSV: TWIN64_CSV, SEALED_CSV: SEALED_TWIN_CSV}
+TWIN_PREFIXES = {"own-gate256/": "own-twin64/", "own-sealed256/": "own-sealed64/",
+                 "own-sealed8-256/": "own-sealed8-64/"}
+TWIN_CSVS = {GATE256_CSV: TWIN64_CSV, SEALED_CSV: SEALED_TWIN_CSV, SEALED8_CSV: SEALED8_TWIN_CSV}
 
 #: (name, overrides on configs/ppo-healthy.yaml). Spans strong to weak KL, small to large learning rates and a
 #: proxy with a trigger-character bonus the gold scorer ignores (switched on part-way through training).
@@ -106,11 +114,13 @@ def _grid_plus_gameable(prefix: str, seeds, extra_seeds, over: dict | None = Non
 
 
 def grid(fresh: bool = False, holdout: bool = False, gate128: bool = False, gate256: bool = False,
-         sealed: bool = False) -> list[tuple[str, dict, int]]:
-    """Every run of the corpus (`fresh`, `holdout`, `gate128`, `gate256`, `sealed`: of that held-out set): (run_id,
-    override dict, seed), in a fixed order."""
-    if gate256 or sealed:
+         sealed: bool = False, sealed8: bool = False) -> list[tuple[str, dict, int]]:
+    """Every run of the corpus (`fresh`, `holdout`, `gate128`, `gate256`, `sealed`, `sealed8`: of that held-out
+    set): (run_id, override dict, seed), in a fixed order."""
+    if gate256 or sealed or sealed8:
         bigger = {"eval_prompts": GATE256_PROMPTS, "task": {"n_heldout_prompts": GATE256_PROMPTS}}
+        if sealed8:
+            return _grid_plus_gameable("own-sealed8-256", SEALED8_SEEDS, SEALED8_EXTRA_SEEDS, bigger)
         if sealed:
             return _grid_plus_gameable("own-sealed256", SEALED_SEEDS, SEALED_EXTRA_SEEDS, bigger)
         return _grid_plus_gameable("own-gate256", GATE256_SEEDS, GATE256_EXTRA_SEEDS, bigger)
@@ -142,7 +152,8 @@ def run_config(overrides: dict, seed: int):
 
 
 def twin_id(run_id: str) -> str | None:
-    """The run id of a two-gate run (`gate256`, `sealed`) as its 64-prompt twin gate records it; None for others."""
+    """The run id of a two-gate run (`gate256`, `sealed`, `sealed8`) as its 64-prompt twin gate records it; None
+    for others."""
     for prefix, twin in TWIN_PREFIXES.items():
         if run_id.startswith(prefix):
             return twin + run_id[len(prefix):]
@@ -228,10 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     sets.add_argument("--sealed", action="store_true",
                     help=f"the two-gate set sealed until v7 (seeds {SEALED_SEEDS[0]}-{SEALED_EXTRA_SEEDS[-1]}) "
                          f"and its {TWIN_PROMPTS}-prompt twin gate")
+    sets.add_argument("--sealed8", action="store_true",
+                    help=f"the two-gate set sealed until v8 (seeds {SEALED8_SEEDS[0]}-{SEALED8_EXTRA_SEEDS[-1]}), "
+                         f"written to {SEALED8_CSV.parent.parent.relative_to(REPO)}/")
     args = ap.parse_args(argv)
-    runs = grid(args.fresh, args.holdout, args.gate128, args.gate256, args.sealed)
-    out_csv = (SEALED_CSV if args.sealed else GATE256_CSV if args.gate256 else GATE128_CSV if args.gate128
-               else HOLDOUT_CSV if args.holdout else FRESH_CSV if args.fresh else OUT_CSV)
+    runs = grid(args.fresh, args.holdout, args.gate128, args.gate256, args.sealed, args.sealed8)
+    out_csv = (SEALED8_CSV if args.sealed8 else SEALED_CSV if args.sealed else GATE256_CSV if args.gate256
+               else GATE128_CSV if args.gate128 else HOLDOUT_CSV if args.holdout else FRESH_CSV if args.fresh
+               else OUT_CSV)
     if args.list:
         for i, (run_id, _, _) in enumerate(runs):
             print(i, run_id, "done" if _run_file(run_id).exists() else "")

@@ -155,13 +155,28 @@ def test_sealed_set_has_the_gate256_design_on_seeds_no_other_set_uses():
     assert own.twin_id("own-holdout/kl0.2-lr3e-4/seed8") is None
 
 
+def test_the_set_sealed_for_v8_has_the_two_gate_design_on_new_seeds_outside_the_corpus():
+    sealed8, gate = own.grid(sealed8=True), own.grid(gate256=True)
+    earlier = {seed for kw in ({}, {"fresh": True}, {"holdout": True}, {"gate256": True}, {"sealed": True})
+               for _, _, seed in own.grid(**kw)}
+    assert not {seed for _, _, seed in sealed8} & earlier
+    assert len(sealed8) == len({r[0] for r in sealed8}) == len(gate)
+    assert [(r[0].split("/")[1], r[1]) for r in sealed8] == [(r[0].split("/")[1], r[1]) for r in gate]
+    assert all(own.twin_id(r[0]).startswith("own-sealed8-64/") for r in sealed8)
+    # sealed: outside data/curves, so no report, index or detector reads it
+    corpus = REPO / "data" / "curves"
+    assert corpus not in own.SEALED8_CSV.parents and corpus not in own.SEALED8_TWIN_CSV.parents
+
+
 @pytest.mark.parametrize("source, kw", [
     ("own_ppo", {}), ("own_ppo_fresh", {"fresh": True}), ("own_ppo_holdout", {"holdout": True}),
     ("own_ppo_gate128", {"gate128": True}), ("own_ppo_gate256", {"gate256": True}),
     ("own_ppo_twin64", {"gate256": True}), ("own_ppo_sealed256", {"sealed": True}),
-    ("own_ppo_sealed64", {"sealed": True})])
+    ("own_ppo_sealed64", {"sealed": True}), ("../sealed/own_ppo_sealed8_256", {"sealed8": True}),
+    ("../sealed/own_ppo_sealed8_64", {"sealed8": True})])
 def test_committed_own_traces_hold_the_grid(source, kw):
-    """The run ids and checkpoint counts of every committed own-PPO set."""
+    """The run ids and checkpoint counts of every committed own-PPO set (no label or score is read: a sealed set
+    must stay unread)."""
     path = REPO / "data" / "curves" / source / "traces.csv"
     if not path.exists():
         pytest.skip(f"{source}/traces.csv not assembled yet")
@@ -169,7 +184,7 @@ def test_committed_own_traces_hold_the_grid(source, kw):
         rows = list(csv.DictReader(f))
     per_run = Counter(r["run_id"] for r in rows)
     ids = {r[0] for r in own.grid(**kw)}
-    twin = source.endswith(("twin64", "sealed64"))
+    twin = source.endswith(("twin64", "sealed64", "sealed8_64"))
     assert set(per_run) == ({own.twin_id(i) for i in ids} if twin else ids)
     expected = own.STEPS // own.EVAL_EVERY + 1  # step 0 and every EVAL_EVERY steps
     assert set(per_run.values()) == {expected}
