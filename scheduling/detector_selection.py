@@ -61,10 +61,11 @@ def _score(args) -> dict[str, Any]:
 
 
 def score_candidates(runs, target: float = TARGET_FSR, workers: int | None = 1, on_done=None,
-                     shapes: list[dict[str, Any]] | None = None) -> pd.DataFrame:
+                     shapes: list[dict[str, Any]] | None = None, config: Path | None = None) -> pd.DataFrame:
     """Every candidate (`shapes`, default the grid) calibrated on the healthy `runs` (eval.traces runs) and scored
-    on all of them, ranked by the rule of the module docstring (the chosen one first)."""
-    base = make_detector(DETECTOR).params()
+    on all of them, ranked by the rule of the module docstring (the chosen one first). The parameters a candidate
+    does not set are the configured default's (`config`: another detector config)."""
+    base = make_detector(DETECTOR, config=config).params()
     jobs = [(shape, base, runs, target) for shape in (candidates() if shapes is None else shapes)]
     rows = []
     if workers == 1:
@@ -97,12 +98,13 @@ def selection_runs(corpus: Path, splits=SELECTION_SPLITS) -> list:
     return [r for split in splits for r in _split_runs(corpus, split)]
 
 
-def chosen_params(table: pd.DataFrame) -> dict[str, Any]:
+def chosen_params(table: pd.DataFrame, config: Path | None = None) -> dict[str, Any]:
     """The full parameter set of the ranked table's first candidate (its shape, its calibrated `z`, the rest as
     configured)."""
     top = table.iloc[0]
-    shape = {k: type(make_detector(DETECTOR).params()[k])(top[k]) for k in SHAPE_KEYS}
-    return make_detector(DETECTOR, **shape, z=float(top["z"])).params()
+    configured = make_detector(DETECTOR, config=config).params()
+    shape = {k: type(configured[k])(top[k]) for k in SHAPE_KEYS}
+    return make_detector(DETECTOR, config=config, **shape, z=float(top["z"])).params()
 
 
 def render(table: pd.DataFrame, splits=SELECTION_SPLITS, target: float = TARGET_FSR) -> str:

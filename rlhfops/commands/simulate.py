@@ -184,8 +184,10 @@ def register(app: typer.Typer) -> None:
         target_fsr: float = typer.Option(0.02, "--target-fsr", help="false-stop rate each candidate's bar is "
                                          "calibrated to"),
         workers: int = typer.Option(None, "--workers", help="worker processes (default: all cores)"),
-        write_config: bool = typer.Option(False, "--write-config", help="record the chosen candidate in "
-                                          "configs/detectors.yaml as a new version"),
+        write_config: bool = typer.Option(False, "--write-config", help="record the chosen candidate in --config "
+                                          "as a new version"),
+        config: Path = typer.Option(None, "--config", help="detector config the candidates start from and "
+                                    "--write-config writes (default: configs/detectors.yaml)"),
     ) -> None:
         """Choose the default detector's shape (patience, drawdown, deep-drop path) on the corpus parts already
         seen, by the rule of scheduling/detector_selection.py; writes the ranked candidates as markdown."""
@@ -207,6 +209,8 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"--corpus '{corpus}': no runs.csv (need <source>/traces.csv and runs.csv)")
         if not 0.0 < target_fsr < 1.0:
             raise BadInput(f"--target-fsr {target_fsr}: must be in (0, 1)")
+        if config is not None and not config.is_file():
+            raise BadInput(f"--config '{config}': no such file")
         runs = selection_runs(corpus)
         if not any(r.label == 0 for r in runs):
             raise BadInput(f"--corpus '{corpus}': no healthy runs in the splits {SELECTION_SPLITS}")
@@ -214,10 +218,10 @@ def register(app: typer.Typer) -> None:
         with progress_bar(console) as progress:
             task = progress.add_task(f"{DETECTOR} candidates", total=len(candidates()))
             table = score_candidates(runs, target_fsr, workers=workers or os.cpu_count() or 1,
-                                     on_done=lambda _row: progress.advance(task))
+                                     on_done=lambda _row: progress.advance(task), config=config)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(render(table, target=target_fsr))
-        params = chosen_params(table)
+        params = chosen_params(table, config)
         console.print(f"chosen: {DETECTOR} {params} -> {out}")
         if write_config:
             from eval.calibrate import write_config as record
@@ -226,7 +230,7 @@ def register(app: typer.Typer) -> None:
             path = record(DETECTOR, params, target_fsr, f"{corpus.as_posix().rstrip('/')} splits "
                           f"{'+'.join(SELECTION_SPLITS)}", int(r0.healthy), int(r0.fp),
                           note=f"chosen by `rlhfops select-detector` ({out}): {int(r0.useful)}/{int(r0.hacking)} "
-                               "useful on those splits")
+                               "useful on those splits", path=config)
             console.print(f"[green]recorded in {path}[/]")
 
     @app.command("compare-detectors")

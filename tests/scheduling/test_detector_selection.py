@@ -70,3 +70,39 @@ def test_a_selection_on_hand_made_runs_chooses_the_drawdown_that_stops_the_slow_
     stopped = [make_detector(DETECTOR, **chosen).start() for _ in runs]
     hits = [any(m.observe(cp) for cp in r.checkpoints) for m, r in zip(stopped, runs, strict=True)]
     assert hits == [r.label == 1 for r in runs]
+
+
+def test_the_command_ranks_the_grid_on_a_corpus_and_records_the_chosen_shape(tmp_path, monkeypatch):
+    import yaml
+    from typer.testing import CliRunner
+
+    import scheduling.detector_selection as selection
+    from rlhfops.cli import app
+
+    # a two-shape grid: the shallow drawdown stops every slow decline, the deep one none (as in the test above)
+    monkeypatch.setattr(selection, "PATIENCE", (5,))
+    monkeypatch.setattr(selection, "DRAWDOWN", (0.6, 0.3))
+    monkeypatch.setattr(selection, "FAST_PATHS", ((0, 2.5),))
+    corpus = tmp_path / "corpus"
+    (corpus / "src").mkdir(parents=True)
+    trace = _trace(healthy=12, hacking=4).assign(direction="max")
+    trace.to_csv(corpus / "src" / "traces.csv", index=False)
+    index = trace.groupby("run_id", as_index=False)["label"].first()
+    index.assign(peak_step=float("nan"), split="tune").to_csv(corpus / "runs.csv", index=False)
+    config = tmp_path / "detectors.yaml"
+    config.write_text(yaml.safe_dump({"version": 3, "detectors": {}, "changelog": []}))
+    out = tmp_path / "selection.md"
+    res = CliRunner().invoke(app, ["select-detector", "--corpus", str(corpus), "--out", str(out), "--workers", "1",
+                                   "--write-config", "--config", str(config)])
+    assert res.exit_code == 0, res.output
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert "| 1 | 5 | 0.3 |" in rows[0] and "| 4/4 | 0/12 |" in rows[0]
+    assert "| 2 | 5 | 0.6 |" in rows[1] and "| 0/4 | 0/12 |" in rows[1]
+    doc = yaml.safe_load(config.read_text())
+    params = doc["detectors"][DETECTOR]["params"]
+    assert doc["version"] == 4 and params["drawdown"] == 0.3 and params["patience"] == 5
+    assert doc["detectors"][DETECTOR]["calibrated_on"]["healthy_runs"] == 12
+    assert "select-detector" in doc["changelog"][-1]
+    bad = CliRunner().invoke(app, ["select-detector", "--corpus", str(tmp_path / "nowhere"), "--out", str(out)])
+    # BadInput: the console entry (rlhfops.cli.main) prints it as one line and exits 2
+    assert type(bad.exception).__name__ == "BadInput" and "--corpus" in str(bad.exception)
