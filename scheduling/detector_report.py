@@ -292,7 +292,7 @@ def calibration_check(corpus: Path) -> str:
     if parts:
         pooled = report_runs + [r for split in parts for r in runs_of[split]]
         names = " and ".join(f"`{split}`" for split in ("report", *parts))
-        held_out += (f"\nThe same lines on {names} pooled (every run nothing was tuned on):\n\n"
+        held_out += (f"\nThe same lines on {names} pooled (every run nothing was chosen or tuned on):\n\n"
                      f"{_acceptance(detection_quality(verdicts(det, pooled)))}\n")
         rlhf = [r for r in pooled if has_proxy(r.checkpoints)]
         if rlhf and det.threshold:
