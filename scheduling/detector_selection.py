@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ def _score(args) -> dict[str, Any]:
     params = calibrate(DETECTOR, healthy, target, base={**base, **shape})
     q = detection_quality(verdicts(make_detector(DETECTOR, **params), runs))
     changed = sum(shape[k] != base[k] for k in SHAPE_KEYS)
-    return {**shape, "z": params["z"], "changed": changed, **q}
+    return {**shape, "z": params["z"], "changed": changed, **q, "params": params}
 
 
 def score_candidates(runs, target: float = TARGET_FSR, workers: int | None = 1, on_done=None,
@@ -68,17 +69,11 @@ def score_candidates(runs, target: float = TARGET_FSR, workers: int | None = 1, 
     base = make_detector(DETECTOR, config=config).params()
     jobs = [(shape, base, runs, target) for shape in (candidates() if shapes is None else shapes)]
     rows = []
-    if workers == 1:
-        for job in jobs:
-            rows.append(_score(job))
+    with ProcessPoolExecutor(max_workers=workers) if workers != 1 else nullcontext() as pool:
+        for row in (pool.map if pool else map)(_score, jobs):
+            rows.append(row)
             if on_done:
-                on_done(rows[-1])
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for row in pool.map(_score, jobs):
-                rows.append(row)
-                if on_done:
-                    on_done(row)
+                on_done(row)
     return rank(pd.DataFrame(rows))
 
 
@@ -98,13 +93,10 @@ def selection_runs(corpus: Path, splits=SELECTION_SPLITS) -> list:
     return [r for split in splits for r in _split_runs(corpus, split)]
 
 
-def chosen_params(table: pd.DataFrame, config: Path | None = None) -> dict[str, Any]:
+def chosen_params(table: pd.DataFrame) -> dict[str, Any]:
     """The full parameter set of the ranked table's first candidate (its shape, its calibrated `z`, the rest as
-    configured)."""
-    top = table.iloc[0]
-    configured = make_detector(DETECTOR, config=config).params()
-    shape = {k: type(configured[k])(top[k]) for k in SHAPE_KEYS}
-    return make_detector(DETECTOR, config=config, **shape, z=float(top["z"])).params()
+    configured), as its calibration returned it."""
+    return dict(table.iloc[0]["params"])
 
 
 def render(table: pd.DataFrame, splits=SELECTION_SPLITS, target: float = TARGET_FSR) -> str:

@@ -221,7 +221,7 @@ def register(app: typer.Typer) -> None:
                                      on_done=lambda _row: progress.advance(task), config=config)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(render(table, target=target_fsr))
-        params = chosen_params(table, config)
+        params = chosen_params(table)
         console.print(f"chosen: {DETECTOR} {params} -> {out}")
         if write_config:
             from eval.calibrate import write_config as record
