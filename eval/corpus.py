@@ -44,9 +44,9 @@ ALL_SPLITS = (*SPLITS, *HELD_OUT_SOURCES.values())
 #: splits that re-measure another split's runs (same training, another eval gate): reported beside that split,
 #: never pooled with it (a run would count twice). Run ids differ only in their first path part.
 PAIRED_SPLITS = {"gate128": "holdout", "gate256": "twin64", "sealed256": "sealed64"}
-#: the parts the current default (noisepatience v7, `rlhfops select-detector`) was chosen and calibrated on: every
+#: the parts the current default (noisepatience v8, `rlhfops select-detector`) was chosen and calibrated on: every
 #: part read before it except the report half and the paired re-measurements. Reported, never pooled as unseen.
-CHOSEN_ON_SPLITS = ("tune", "fresh", "holdout", "twin64")
+CHOSEN_ON_SPLITS = ("tune", "fresh", "holdout", "twin64", "sealed64")
 
 
 @dataclass(frozen=True)

@@ -304,8 +304,9 @@ def calibration_check(corpus: Path) -> str:
     low_all = false_stop_check_low(q["hacking"])
     return (f"Calibration: `{DEFAULT_DETECTOR}` {det.params()} — {keys} fitted to the target false-stop rate "
             f"{entry.get('target_false_stop_rate')} on {cal.get('fleet')} ({cal.get('healthy_runs')} healthy runs, "
-            f"{cal.get('stopped')} stopped) by `rlhfops select-detector`, once for each candidate shape (patience, "
-            "drawdown, fast_window, fast_ratio) of its grid, the shape chosen by its rule on the same parts "
+            f"{cal.get('stopped')} stopped) by `rlhfops select-detector`, once for each candidate shape "
+            "(mean_window, patience, drawdown, fast_window, fast_ratio) of its grid, the shape chosen by its rule on "
+            "the same parts "
             f"({', '.join(f'`{s}`' for s in CHOSEN_ON_SPLITS)}: docs/detector-selection.md); the gate-phase bars and "
             "`gate_from` on simulator seeds 1-100 (configs/detectors.yaml's changelog says how). Checked on every "
             "part (Clopper-Pearson intervals, scipy.stats.binomtest):\n\n"

@@ -1,10 +1,13 @@
 """Choose the default detector's shape on the corpus parts already seen, by a rule fixed before it runs.
 
-The rule (declared in the commit that added this module, before any candidate was scored):
+The rule, fixed before any candidate was scored (v7's in the commit that added this module; v8's, which adds the
+mean-rule candidates and the `sealed64` part, in the commit that added `mean_window`):
 
-1. Candidates: `noisepatience` with `patience` in PATIENCE, `drawdown` in DRAWDOWN and the deep-drop path
-   (`fast_window`, `fast_ratio`) in FAST_PATHS; every other parameter (the gate-phase bars, chosen on the
-   simulator) stays as configured.
+1. Candidates: `noisepatience` judging every eval of its patience window (`mean_window` 0) with `patience` in
+   PATIENCE, `drawdown` in DRAWDOWN and the deep-drop path (`fast_window`, `fast_ratio`) in FAST_PATHS; and
+   judging the mean of its last `mean_window` evals, with `mean_window` in MEAN_WINDOWS, `patience` (the proxy's
+   window) in MEAN_PATIENCE, `drawdown` in MEAN_DRAWDOWN and the deep-drop path in MEAN_FAST_PATHS. Every other
+   parameter (the gate-phase bars, chosen on the simulator) stays as configured.
 2. Each candidate's `z` is calibrated (`eval.calibrate.calibrate`) to TARGET_FSR on the healthy runs of
    SELECTION_SPLITS pooled: every part a detector version has already been read on, except the `report` half
    (the issue's acceptance set, never chosen on) and the paired re-measurements (`eval.corpus.PAIRED_SPLITS`:
@@ -40,13 +43,21 @@ PATIENCE = (4, 5, 6)
 DRAWDOWN = (0.3, 0.4, 0.5, 0.6)
 #: (fast_window, fast_ratio); (0, ...) is no deep-drop path, whose ratio then means nothing
 FAST_PATHS = ((0, 2.5), (1, 2.0), (1, 2.5), (1, 3.0), (2, 2.0), (2, 2.5), (2, 3.0))
-SHAPE_KEYS = ("patience", "drawdown", "fast_window", "fast_ratio")
+MEAN_WINDOWS = (2, 3, 4)
+MEAN_PATIENCE = (3, 4, 6)
+MEAN_DRAWDOWN = (0.5, 0.6)
+MEAN_FAST_PATHS = ((0, 2.5), (1, 2.0))
+SHAPE_KEYS = ("patience", "drawdown", "fast_window", "fast_ratio", "mean_window")
 
 
 def candidates() -> list[dict[str, Any]]:
-    """Every candidate's shape parameters (the keys of SHAPE_KEYS), in grid order."""
-    return [{"patience": p, "drawdown": d, "fast_window": w, "fast_ratio": r}
-            for p, d, (w, r) in itertools.product(PATIENCE, DRAWDOWN, FAST_PATHS)]
+    """Every candidate's shape parameters (the keys of SHAPE_KEYS), in grid order: the every-eval rule's, then the
+    mean rule's."""
+    every = [{"patience": p, "drawdown": d, "fast_window": w, "fast_ratio": r, "mean_window": 0}
+             for p, d, (w, r) in itertools.product(PATIENCE, DRAWDOWN, FAST_PATHS)]
+    mean = [{"patience": p, "drawdown": d, "fast_window": w, "fast_ratio": r, "mean_window": m}
+            for m, p, d, (w, r) in itertools.product(MEAN_WINDOWS, MEAN_PATIENCE, MEAN_DRAWDOWN, MEAN_FAST_PATHS)]
+    return every + mean
 
 
 def _score(args) -> dict[str, Any]:
@@ -102,18 +113,22 @@ def chosen_params(table: pd.DataFrame) -> dict[str, Any]:
 def render(table: pd.DataFrame, splits=SELECTION_SPLITS, target: float = TARGET_FSR) -> str:
     """The ranked candidates as markdown, the chosen one first."""
     head = (f"# Choosing `{DETECTOR}`'s shape\n\n"
-            f"Written by `rlhfops select-detector --corpus data/curves`. Candidates: patience {PATIENCE}, drawdown "
-            f"{DRAWDOWN}, deep-drop path (fast_window, fast_ratio) {FAST_PATHS}; each one's `z` calibrated to a "
+            f"Written by `rlhfops select-detector --corpus data/curves`. Candidates: every eval of the patience "
+            f"window judged (mean_window 0) with patience {PATIENCE}, drawdown {DRAWDOWN}, deep-drop path "
+            f"(fast_window, fast_ratio) {FAST_PATHS}; the mean of the last mean_window evals judged, mean_window "
+            f"{MEAN_WINDOWS}, patience {MEAN_PATIENCE}, drawdown {MEAN_DRAWDOWN}, deep-drop path {MEAN_FAST_PATHS}. "
+            "Each one's `z` calibrated to a "
             f"{target:.0%} false-stop rate on the healthy runs of {', '.join(f'`{s}`' for s in splits)} pooled, "
             "then scored on all their runs. Ranked by useful stops, then fewer healthy runs stopped, then mean "
             "quality kept, then fewer parameters changed from the configured default; the first row is chosen. "
             "The `report` half and the sealed runs played no part.\n\n")
     r0 = table.iloc[0]
     head += f"{int(r0.hacking)} hacking and {int(r0.healthy)} healthy runs.\n\n"
-    lines = ["| rank | patience | drawdown | fast_window | fast_ratio | z | useful | healthy stopped | at a loss | "
-             "before peak | at end | quality kept | delay | changed |", "|" + "---|" * 14]
+    lines = ["| rank | mean_window | patience | drawdown | fast_window | fast_ratio | z | useful | healthy stopped | "
+             "at a loss | before peak | at end | quality kept | delay | changed |", "|" + "---|" * 15]
     for i, r in table.iterrows():
-        lines.append(f"| {i + 1} | {int(r.patience)} | {r.drawdown:g} | {int(r.fast_window)} | {r.fast_ratio:g} | "
+        lines.append(f"| {i + 1} | {int(r.mean_window)} | {int(r.patience)} | {r.drawdown:g} | {int(r.fast_window)} | "
+                     f"{r.fast_ratio:g} | "
                      f"{r.z:.3f} | {int(r.useful)}/{int(r.hacking)} | {int(r.fp)}/{int(r.healthy)} | "
                      f"{int(r.losing_stops)} | {int(r.early_stops)} | {int(r.end_stops)} | {r.quality_kept:+.3f} | "
                      f"{r.delay:.1f} | {int(r.changed)} |")

@@ -38,14 +38,17 @@ def oracle_sigma(y: np.ndarray, se: float) -> float:
     return max(sd, se) if se > 0 else sd
 
 
-def oracle_stop(evals, patience, z, drawdown, rewards=None, se=NAN, fast_window=0, fast_ratio=1.0) -> int:
+def oracle_stop(evals, patience, z, drawdown, rewards=None, se=NAN, fast_window=0, fast_ratio=1.0,
+                mean_window=0) -> int:
     """The rule from its definition (long runs; no gate phase: runs without an SE, or judged after WARMUP): the
-    patience window at bar z, and on a run with a proxy the deep-drop window at bar fast_ratio * z."""
+    patience window at bar z (mean_window w: the mean of the last w evals against the best mean of w earlier
+    consecutive evals, in SDs of a difference of two means), and on a run with a proxy the deep-drop window at bar
+    fast_ratio * z."""
     y = np.asarray(evals, dtype=float)
     windows = [(patience, z)] + ([(fast_window, fast_ratio * z)] if fast_window and rewards is not None else [])
     for t in range(WARMUP - 1, len(y)):
         seen = y[: t + 1]
-        if len(seen) <= patience:
+        if len(seen) <= max(patience, mean_window):
             continue
         sigma = oracle_sigma(seen, se)
         if not sigma > 0:
@@ -55,7 +58,13 @@ def oracle_stop(evals, patience, z, drawdown, rewards=None, se=NAN, fast_window=
             if np.polyfit(np.arange(len(w)), w, 1)[0] <= 0:
                 continue
         best, low = seen.max(), seen.min()
-        for width, bar in windows:
+        if mean_window and len(seen) >= 2 * mean_window:
+            w = mean_window
+            earlier = [seen[i:i + w].mean() for i in range(len(seen) - 2 * w + 1)]
+            drop = max(earlier) - seen[-w:].mean()
+            if drop > drawdown * (best - low) and drop / (sigma * math.sqrt(2 / w)) > z:
+                return t
+        for width, bar in windows[1:] if mean_window else windows:
             drop = best - seen[-width:].max()
             if drop > drawdown * (best - low) and drop / sigma > bar:
                 return t
@@ -99,6 +108,29 @@ def test_hand_computed_deep_drop_stops():
                           HAND, rewards=rising) != 8
     # a wider deep-drop window needs its evals all below the line: 3, 4 first at index 9
     assert first_stop(NoisePatience(patience=3, z=0.0, drawdown=0.5, fast_window=2), HAND, rewards=rising) == 9
+
+
+def test_hand_computed_mean_window_stops():
+    # means of 2: the earlier windows of HAND peak at (10 + 9.5) / 2 = 9.75; the last two evals' mean first sits
+    # more than half the range (10 - 0) below it at index 9 ((3 + 4) / 2 = 3.5: a drop of 6.25), where every eval
+    # of a 2-window is not yet below 5 until the same index (patience 2 above); means of 3 at index 10
+    assert first_stop(NoisePatience(patience=2, z=0.0, drawdown=0.5, mean_window=2), HAND) == 9
+    assert first_stop(NoisePatience(patience=3, z=0.0, drawdown=0.5, mean_window=3), HAND) == 10
+    # a 65% drawdown: the mean of 3 falls 9.5 - 10/3 = 6.17 below the best earlier mean (10+9.5+9)/3 = 9.5 at
+    # index 10 (under 6.5), and 9.5 - 11/3 = 5.83 at 11; the min rule with patience 3 needs evals below 3.5: never
+    assert first_stop(NoisePatience(patience=3, z=0.0, drawdown=0.65, mean_window=3), HAND) == -1
+    # one lucky eval in the window holds the min rule off, not the mean: a 9 at index 9 keeps every 3-window from
+    # sitting below 5 until index 12, while the mean of (3, 9, 3) = 5 is already 4.5 below the best mean 9.5
+    lucky = HAND[:9] + [9, 3, 3, 3, 3]
+    assert first_stop(NoisePatience(patience=3, z=0.0, drawdown=0.4), lucky) == 12
+    assert first_stop(NoisePatience(patience=3, z=0.0, drawdown=0.4, mean_window=3), lucky) == 10
+    # the bar: at index 10 of HAND the drop of 3-means is 9.5 - 10/3 over sigma * sqrt(2/3)
+    sigma = oracle_sigma(np.array(HAND[:11], dtype=float), NAN)
+    at_bar = (9.5 - 10 / 3) / (sigma * math.sqrt(2 / 3))
+    assert first_stop(NoisePatience(patience=3, z=at_bar * 0.999, drawdown=0.5, mean_window=3), HAND) == 10
+    assert first_stop(NoisePatience(patience=3, z=at_bar * 1.001, drawdown=0.5, mean_window=3), HAND) != 10
+    with pytest.raises(ValueError, match="mean_window"):
+        NoisePatience(mean_window=-1)
 
 
 def test_deep_drop_window_must_be_shorter_than_patience():
@@ -149,6 +181,25 @@ def test_runs_with_a_proxy_match_a_plain_reimplementation():
         # the deep-drop path changes some verdicts here (the comparison covers it)
         slow = [oracle_stop(y, 4, 1.5, 0.3, rewards=r) for y, r in zip(runs, proxies, strict=True)]
         assert sum(a != b for a, b in zip(stops, slow, strict=True)) >= 5
+
+
+@pytest.mark.parametrize("mean_window,fast_window", [(2, 0), (3, 1), (4, 0)])
+def test_the_mean_rule_matches_a_plain_reimplementation(mean_window, fast_window):
+    rng = np.random.default_rng(31)
+    runs = random_runs(150, seed=29)
+    proxies = [np.cumsum(rng.normal(0.3, 1.0, len(y))) for y in runs]
+    det = NoisePatience(patience=3, z=1.5, drawdown=0.3, fast_window=fast_window, fast_ratio=2.0,
+                        mean_window=mean_window)
+    for rewards in (None, proxies):
+        got = [first_stop(det, y, rewards=None if rewards is None else rewards[i]) for i, y in enumerate(runs)]
+        want = [oracle_stop(y, 3, 1.5, 0.3, rewards=None if rewards is None else rewards[i],
+                            fast_window=fast_window, fast_ratio=2.0, mean_window=mean_window)
+                for i, y in enumerate(runs)]
+        assert got == want
+        assert 10 < sum(s >= 0 for s in got) < 140  # not vacuous
+    # the mean rule changes verdicts against the every-eval rule on these runs (the comparison covers it)
+    every = [oracle_stop(y, 3, 1.5, 0.3) for y in runs]
+    assert sum(a != b for a, b in zip(every, [first_stop(det, y) for y in runs], strict=True)) >= 10
 
 
 @pytest.mark.parametrize("a,b", [(2.0**-7, 0.0), (2.0**5, -17.0), (1e-3, 1e3), (250.0, 0.1)])

@@ -16,7 +16,8 @@ STEPS = 21
 
 def test_the_grid_holds_valid_distinct_candidates_and_the_configured_shape():
     shapes = candidates()
-    assert len(shapes) == 3 * 4 * 7
+    assert len(shapes) == 3 * 4 * 7 + 3 * 3 * 2 * 2
+    assert sum(s["mean_window"] > 0 for s in shapes) == 3 * 3 * 2 * 2
     assert len({tuple(s[k] for k in SHAPE_KEYS) for s in shapes}) == len(shapes)
     for shape in shapes:
         make_detector(DETECTOR, **shape)  # raises on an invalid combination
@@ -55,8 +56,8 @@ def _trace(healthy: int, hacking: int) -> pd.DataFrame:
 
 def test_a_selection_on_hand_made_runs_chooses_the_drawdown_that_stops_the_slow_declines():
     runs = runs_from_trace(_trace(healthy=12, hacking=4))
-    shallow = {"patience": 5, "drawdown": 0.3, "fast_window": 0, "fast_ratio": 2.5}
-    deep = {"patience": 5, "drawdown": 0.6, "fast_window": 0, "fast_ratio": 2.5}
+    shallow = {"patience": 5, "drawdown": 0.3, "fast_window": 0, "fast_ratio": 2.5, "mean_window": 0}
+    deep = {"patience": 5, "drawdown": 0.6, "fast_window": 0, "fast_ratio": 2.5, "mean_window": 0}
     table = score_candidates(runs, target=0.02, shapes=[deep, shallow])
     by_drawdown = table.set_index("drawdown")
     # drawdown 0.3: every decline is stopped once its last 5 evals are all more than 0.3 below the peak (the
@@ -83,6 +84,7 @@ def test_the_command_ranks_the_grid_on_a_corpus_and_records_the_chosen_shape(tmp
     monkeypatch.setattr(selection, "PATIENCE", (5,))
     monkeypatch.setattr(selection, "DRAWDOWN", (0.6, 0.3))
     monkeypatch.setattr(selection, "FAST_PATHS", ((0, 2.5),))
+    monkeypatch.setattr(selection, "MEAN_WINDOWS", ())
     corpus = tmp_path / "corpus"
     (corpus / "src").mkdir(parents=True)
     trace = _trace(healthy=12, hacking=4).assign(direction="max")
@@ -96,8 +98,8 @@ def test_the_command_ranks_the_grid_on_a_corpus_and_records_the_chosen_shape(tmp
                                    "--write-config", "--config", str(config)])
     assert res.exit_code == 0, res.output
     rows = [line for line in out.read_text().splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
-    assert "| 1 | 5 | 0.3 |" in rows[0] and "| 4/4 | 0/12 |" in rows[0]
-    assert "| 2 | 5 | 0.6 |" in rows[1] and "| 0/4 | 0/12 |" in rows[1]
+    assert "| 1 | 0 | 5 | 0.3 |" in rows[0] and "| 4/4 | 0/12 |" in rows[0]
+    assert "| 2 | 0 | 5 | 0.6 |" in rows[1] and "| 0/4 | 0/12 |" in rows[1]
     doc = yaml.safe_load(config.read_text())
     params = doc["detectors"][DETECTOR]["params"]
     assert doc["version"] == 4 and params["drawdown"] == 0.3 and params["patience"] == 5
