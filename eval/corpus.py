@@ -36,14 +36,15 @@ SPLITS = ("tune", "report")
 #: (never split): `fresh` after noisepatience v5, `holdout` declared before v6 and read after it, `gate128` a
 #: re-measurement of holdout runs (PAIRED_SPLITS); `twin64` and `gate256` declared after v6 was committed, the same
 #: new runs scored by a 64-prompt and a 256-prompt gate; `sealed64` and `sealed256` the same design again, kept
-#: unread (data/sealed/) until v7 was committed
+#: unread (data/sealed/) until v7 was committed; `sealed8_64` and `sealed8_256` once more, unread until v8 was
 HELD_OUT_SOURCES = {"own_ppo_fresh": "fresh", "own_ppo_holdout": "holdout", "own_ppo_gate128": "gate128",
                     "own_ppo_twin64": "twin64", "own_ppo_gate256": "gate256", "own_ppo_sealed64": "sealed64",
-                    "own_ppo_sealed256": "sealed256"}
+                    "own_ppo_sealed256": "sealed256", "own_ppo_sealed8_64": "sealed8_64",
+                    "own_ppo_sealed8_256": "sealed8_256"}
 ALL_SPLITS = (*SPLITS, *HELD_OUT_SOURCES.values())
 #: splits that re-measure another split's runs (same training, another eval gate): reported beside that split,
 #: never pooled with it (a run would count twice). Run ids differ only in their first path part.
-PAIRED_SPLITS = {"gate128": "holdout", "gate256": "twin64", "sealed256": "sealed64"}
+PAIRED_SPLITS = {"gate128": "holdout", "gate256": "twin64", "sealed256": "sealed64", "sealed8_256": "sealed8_64"}
 #: the parts the current default (noisepatience v8, `rlhfops select-detector`) was chosen and calibrated on: every
 #: part read before it except the report half and the paired re-measurements. Reported, never pooled as unseen.
 CHOSEN_ON_SPLITS = ("tune", "fresh", "holdout", "twin64", "sealed64")

@@ -227,17 +227,17 @@ def _ci(k: int, n: int) -> str:
 HELD_OUT_NOTES = {
     "fresh": "Runs recorded after every choice and threshold of `noisepatience` v5 was fixed (this project's trainer "
              "on the corpus grid, seeds 4-7), held out whole. An unseen check of v5; read before v6; one of the "
-             "parts v7 was chosen and calibrated on (in-sample for the current default).",
+             "parts v7 and v8 were chosen and calibrated on (in-sample for the current default).",
     "holdout": "Runs declared (the grid on seeds 8-11, the gameable-proxy variants on seeds 12-19) before "
-               "`noisepatience` v6 was chosen, held out whole: the unseen check of v6; one of the parts v7 was "
-               "chosen and calibrated on (in-sample for the current default).",
+               "`noisepatience` v6 was chosen, held out whole: the unseen check of v6; one of the parts v7 and v8 "
+               "were chosen and calibrated on (in-sample for the current default).",
     "gate128": "40 of the `holdout` runs (every gameable-proxy run, the plain variants on seeds 8-9) measured with a "
                "gate twice as large (128 held-out prompts instead of 64); training is the same run (the gate samples "
                "with its own generator), so only the eval's noise differs. Declared after the holdout result, "
                "before any of its runs was trained; reported beside the same runs of `holdout`, never pooled.",
     "twin64": "56 runs (the grid on seeds 20-23, the gameable-proxy variants on seeds 24-31), declared after "
               "`noisepatience` v6 was committed and before any of them was trained: a second unseen check of v6 at "
-              "the shipped gate size (64 held-out prompts); one of the parts v7 was chosen and calibrated on "
+              "the shipped gate size (64 held-out prompts); one of the parts v7 and v8 were chosen and calibrated on "
               "(in-sample for the current default). Each checkpoint was scored by this gate and, in the same run, by "
               "a 256-prompt gate (`gate256`). Held out whole.",
     "gate256": "The `twin64` runs as a 256-prompt gate scored them (the gate the trainer ran; the 64-prompt twin "
@@ -245,9 +245,15 @@ HELD_OUT_NOTES = {
                "times as large buys. Reported beside `twin64`, never pooled.",
     "sealed64": "56 runs of the `twin64` design on seeds 32-43, declared and recorded after v6 and before v7 was "
                 "chosen, kept outside the corpus (unread by any detector) until v7 was committed: the unseen check "
-                "of the current default at the shipped gate size. Held out whole.",
+                "of v7 at the shipped gate size; one of the parts v8 was chosen and calibrated on (in-sample for the "
+                "current default). Held out whole.",
     "sealed256": "The `sealed64` runs as their 256-prompt gate scored them (the same policy at every checkpoint). "
                  "Reported beside `sealed64`, never pooled.",
+    "sealed8_64": "56 runs of the `twin64` design on seeds 44-55, declared and recorded after v7's unseen check was "
+                  "read and before v8 was chosen, kept outside the corpus (unread by any detector) until v8 was "
+                  "committed: the unseen check of the current default at the shipped gate size. Held out whole.",
+    "sealed8_256": "The `sealed8_64` runs as their 256-prompt gate scored them (the same policy at every "
+                   "checkpoint). Reported beside `sealed8_64`, never pooled.",
 }
 
 

@@ -13,7 +13,7 @@ applies the hindsight rule of LABELS.md to every run of every source.
     ... --gate128                                                     # ... and for 40 holdout runs, 2x gate
     ... --gate256                                                     # ... and for the 4x-gate set (+ its twin)
     ... --sealed                                                      # ... and for v7's unseen check (+ its twin)
-    ... --sealed8                                                     # ... and for v8's, sealed (data/sealed/)
+    ... --sealed8                                                     # ... and for v8's
 
 Each run writes `runs/corpus-own/<run>.csv` when it finishes, so chunks can run in separate processes and a
 killed chunk resumes where it stopped. Everything is seeded (prompts, warm starts, sampling, PPO), so the same
@@ -74,11 +74,11 @@ SEALED_EXTRA_SEEDS = tuple(range(36, 44))
 SEALED_CSV = REPO / "data" / "curves" / "own_ppo_sealed256" / "traces.csv"
 SEALED_TWIN_CSV = REPO / "data" / "curves" / "own_ppo_sealed64" / "traces.csv"
 #: `--sealed8`: the same two-gate design on seeds 44-55, declared after v7's unseen check was read and before any
-#: later version was chosen; kept in data/sealed/ (read by no report or detector) until v8 is committed: its check
+#: later version was chosen; kept in data/sealed/ (read by no report or detector) until v8 was committed: its check
 SEALED8_SEEDS = (44, 45, 46, 47)
 SEALED8_EXTRA_SEEDS = tuple(range(48, 56))
-SEALED8_CSV = REPO / "data" / "sealed" / "own_ppo_sealed8_256" / "traces.csv"
-SEALED8_TWIN_CSV = REPO / "data" / "sealed" / "own_ppo_sealed8_64" / "traces.csv"
+SEALED8_CSV = REPO / "data" / "curves" / "own_ppo_sealed8_256" / "traces.csv"
+SEALED8_TWIN_CSV = REPO / "data" / "curves" / "own_ppo_sealed8_64" / "traces.csv"
 #: run-id prefix of a two-gate run -> the prefix its 64-prompt twin records; a two-gate set's CSV -> its twin's CSV
 TWIN_PREFIXES = {"own-gate256/": "own-twin64/", "own-sealed256/": "own-sealed64/",
                  "own-sealed8-256/": "own-sealed8-64/"}

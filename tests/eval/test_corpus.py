@@ -17,7 +17,7 @@ from eval.corpus import CORPUS_DIR, hindsight_label, load_corpus
 #: the held-out sources data/curves/README.md declares, and their splits
 HELD_OUT = {"own_ppo_fresh": "fresh", "own_ppo_holdout": "holdout", "own_ppo_gate128": "gate128",
             "own_ppo_twin64": "twin64", "own_ppo_gate256": "gate256", "own_ppo_sealed64": "sealed64",
-            "own_ppo_sealed256": "sealed256"}
+            "own_ppo_sealed256": "sealed256", "own_ppo_sealed8_64": "sealed8_64", "own_ppo_sealed8_256": "sealed8_256"}
 
 SOURCES_MIN_RUNS = {"algoperf": 30, "nanogpt": 20, "pythia": 30}
 

@@ -124,7 +124,8 @@ def test_gate256_runs_are_new_seeds_with_a_bigger_gate_and_a_twin():
         assert (run_id.split("/")[1], plain) in own.VARIANTS
 
 
-@pytest.mark.parametrize("sources", [("own_ppo_gate256", "own_ppo_twin64"), ("own_ppo_sealed256", "own_ppo_sealed64")])
+@pytest.mark.parametrize("sources", [("own_ppo_gate256", "own_ppo_twin64"), ("own_ppo_sealed256", "own_ppo_sealed64"),
+                                     ("own_ppo_sealed8_256", "own_ppo_sealed8_64")])
 def test_committed_two_gate_runs_and_their_twins_score_the_same_training(sources):
     """The twin gate scores the same run: every training column matches row for row, the gate's SE is about twice
     the 256-prompt gate's (sqrt(256 / 64)), and the two gates' means differ by no more than their noise."""
@@ -155,7 +156,7 @@ def test_sealed_set_has_the_gate256_design_on_seeds_no_other_set_uses():
     assert own.twin_id("own-holdout/kl0.2-lr3e-4/seed8") is None
 
 
-def test_the_set_sealed_for_v8_has_the_two_gate_design_on_new_seeds_outside_the_corpus():
+def test_the_set_sealed_for_v8_has_the_two_gate_design_on_new_seeds():
     sealed8, gate = own.grid(sealed8=True), own.grid(gate256=True)
     earlier = {seed for kw in ({}, {"fresh": True}, {"holdout": True}, {"gate256": True}, {"sealed": True})
                for _, _, seed in own.grid(**kw)}
@@ -163,20 +164,16 @@ def test_the_set_sealed_for_v8_has_the_two_gate_design_on_new_seeds_outside_the_
     assert len(sealed8) == len({r[0] for r in sealed8}) == len(gate)
     assert [(r[0].split("/")[1], r[1]) for r in sealed8] == [(r[0].split("/")[1], r[1]) for r in gate]
     assert all(own.twin_id(r[0]).startswith("own-sealed8-64/") for r in sealed8)
-    # sealed: outside data/curves, so no report, index or detector reads it
-    corpus = REPO / "data" / "curves"
-    assert corpus not in own.SEALED8_CSV.parents and corpus not in own.SEALED8_TWIN_CSV.parents
 
 
 @pytest.mark.parametrize("source, kw", [
     ("own_ppo", {}), ("own_ppo_fresh", {"fresh": True}), ("own_ppo_holdout", {"holdout": True}),
     ("own_ppo_gate128", {"gate128": True}), ("own_ppo_gate256", {"gate256": True}),
     ("own_ppo_twin64", {"gate256": True}), ("own_ppo_sealed256", {"sealed": True}),
-    ("own_ppo_sealed64", {"sealed": True}), ("../sealed/own_ppo_sealed8_256", {"sealed8": True}),
-    ("../sealed/own_ppo_sealed8_64", {"sealed8": True})])
+    ("own_ppo_sealed64", {"sealed": True}), ("own_ppo_sealed8_256", {"sealed8": True}),
+    ("own_ppo_sealed8_64", {"sealed8": True})])
 def test_committed_own_traces_hold_the_grid(source, kw):
-    """The run ids and checkpoint counts of every committed own-PPO set (no label or score is read: a sealed set
-    must stay unread)."""
+    """The run ids and checkpoint counts of every committed own-PPO set."""
     path = REPO / "data" / "curves" / source / "traces.csv"
     if not path.exists():
         pytest.skip(f"{source}/traces.csv not assembled yet")

@@ -55,27 +55,33 @@ def test_every_held_out_split_is_reported_and_pooled(tmp_path):
     # source part): each reported beside its base split, never pooled; the parts the default was chosen on
     # (CHOSEN_ON_SPLITS) are reported, never pooled with the unseen ones
     plan = {"tune": (12, 2), "report": (10, 3), "fresh": (6, 2), "holdout": (8, 5), "gate128": (8, 5),
-            "twin64": (7, 4), "gate256": (7, 4), "sealed64": (9, 6), "sealed256": (9, 6)}
+            "twin64": (7, 4), "gate256": (7, 4), "sealed64": (9, 6), "sealed256": (9, 6), "sealed8_64": (8, 7),
+            "sealed8_256": (8, 7)}
     assert set(plan) == set(ALL_SPLITS)
     _write_corpus(tmp_path, plan)
     text = render_corpus({split: corpus_table(tmp_path, split) for split in ALL_SPLITS}, tmp_path)
     for split, (healthy, hacking) in plan.items():
         assert f"### `{split}` split: {healthy + hacking} runs ({hacking} hacking, {healthy} healthy)" in text
     # every hacking run here is stopped usefully and no healthy one at all (the test's construction)
-    for split in ("fresh", "holdout", "gate128", "twin64", "gate256", "sealed64", "sealed256"):
+    for split in ("fresh", "holdout", "gate128", "twin64", "gate256", "sealed64", "sealed256", "sealed8_64",
+                  "sealed8_256"):
         healthy, hacking = plan[split]
         seen = " (the default was chosen on it: in-sample)" if split in CHOSEN_ON_SPLITS else ""
         section = text.split(f"The same lines on the `{split}` split{seen}:")[1].split("\n\n")[1]
         assert f"0/{healthy} = 0.0%" in section
         assert f"{hacking}/{hacking} = 100.0%" in section
-    # every held-out part is chosen on or paired: nothing unseen to pool with the report half
-    assert "pooled (every run nothing was chosen" not in text
+    pooled = text.split("The same lines on `report` and `sealed8_64` pooled")[1].split("\n\n")[1]
+    n_healthy = sum(plan[s][0] for s in ("report", "sealed8_64"))
+    n_hacking = sum(plan[s][1] for s in ("report", "sealed8_64"))
+    assert f"0/{n_healthy} = 0.0%" in pooled and f"{n_hacking}/{n_hacking} = 100.0%" in pooled
     paired = text.split("The same 13 runs as `holdout` measured them:")[1].split("\n\n")[1]
     assert "0/8 = 0.0%" in paired and "5/5 = 100.0%" in paired
     paired = text.split("The same 11 runs as `twin64` measured them:")[1].split("\n\n")[1]
     assert "0/7 = 0.0%" in paired and "4/4 = 100.0%" in paired
     paired = text.split("The same 15 runs as `sealed64` measured them:")[1].split("\n\n")[1]
     assert "0/9 = 0.0%" in paired and "6/6 = 100.0%" in paired
+    paired = text.split("The same 15 runs as `sealed8_64` measured them:")[1].split("\n\n")[1]
+    assert "0/8 = 0.0%" in paired and "7/7 = 100.0%" in paired
     for n in (13, 11, 15):
         assert f"the two agree on {n} of {n} labels" in text
     assert "The bar's trade-off on `gate128`:" in text and "The bar's trade-off on the same runs of `holdout`:" in text
