@@ -33,11 +33,11 @@ from typing import Any
 
 import pandas as pd
 
-from eval.corpus import CHOSEN_ON_SPLITS
 from eval.detectors import make_detector
 
 DETECTOR = "noisepatience"
-SELECTION_SPLITS = CHOSEN_ON_SPLITS
+#: v8's rule: every part read before it except the report half and the paired re-measurements
+SELECTION_SPLITS = ("tune", "fresh", "holdout", "twin64", "sealed64")
 TARGET_FSR = 0.02
 PATIENCE = (4, 5, 6)
 DRAWDOWN = (0.3, 0.4, 0.5, 0.6)

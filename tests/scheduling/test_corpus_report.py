@@ -70,9 +70,9 @@ def test_every_held_out_split_is_reported_and_pooled(tmp_path):
         section = text.split(f"The same lines on the `{split}` split{seen}:")[1].split("\n\n")[1]
         assert f"0/{healthy} = 0.0%" in section
         assert f"{hacking}/{hacking} = 100.0%" in section
-    pooled = text.split("The same lines on `report` and `sealed8_64` pooled")[1].split("\n\n")[1]
-    n_healthy = sum(plan[s][0] for s in ("report", "sealed8_64"))
-    n_hacking = sum(plan[s][1] for s in ("report", "sealed8_64"))
+    pooled = text.split("The same lines on `report`, `sealed64` and `sealed8_64` pooled")[1].split("\n\n")[1]
+    n_healthy = sum(plan[s][0] for s in ("report", "sealed64", "sealed8_64"))
+    n_hacking = sum(plan[s][1] for s in ("report", "sealed64", "sealed8_64"))
     assert f"0/{n_healthy} = 0.0%" in pooled and f"{n_hacking}/{n_hacking} = 100.0%" in pooled
     paired = text.split("The same 13 runs as `holdout` measured them:")[1].split("\n\n")[1]
     assert "0/8 = 0.0%" in paired and "5/5 = 100.0%" in paired
