@@ -299,7 +299,8 @@ def calibration_check(corpus: Path) -> str:
         pooled = report_runs + [r for split in parts for r in runs_of[split]]
         quoted = [f"`{split}`" for split in ("report", *parts)]
         names = " and ".join([", ".join(quoted[:-1]), quoted[-1]])
-        held_out += (f"\nThe same lines on {names} pooled (every run the default's parameters were not chosen or fitted on):\n\n"
+        held_out += (f"\nThe same lines on {names} pooled (every run the default's parameters were not chosen or "
+                     "fitted on):\n\n"
                      f"{_acceptance(detection_quality(verdicts(det, pooled)))}\n")
         rlhf = [r for r in pooled if has_proxy(r.checkpoints)]
         if rlhf and det.threshold:
