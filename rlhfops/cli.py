@@ -77,8 +77,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "reproduce": ("simulate", "Run E1-E8 (5 seeds) and write the paper's Tables 1-5, 7-9 beside ours as markdown."),
     "compare-detectors": ("simulate", "Every detector on E7 (Gaussian, Student-t, AR(1) noise) and E8: precision, "
                           "recall, FPR, JCT, wasted compute, detection delay, regret; writes docs/detectors.md."),
-    "select-detector": ("simulate", "Choose the default detector's shape (patience, drawdown, deep-drop path) on "
-                        "the corpus parts already seen, by the rule of scheduling/detector_selection.py ..."),
+    "select-detector": ("simulate", "Choose the default detector's shape (mean window, patience, drawdown, deep-drop "
+                        "path) on the corpus parts already seen, by the rule of scheduling/detector_selection.py ..."),
     "detect": ("detect", "Replay every run of a trace through a detector; write verdicts; print useful recall, "
                "false-stop rate, quality kept and precision/recall/FPR if labelled. With --calibrate, recalibrate "
                "instead."),

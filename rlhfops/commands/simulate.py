@@ -189,8 +189,8 @@ def register(app: typer.Typer) -> None:
         config: Path = typer.Option(None, "--config", help="detector config the candidates start from and "
                                     "--write-config writes (default: configs/detectors.yaml)"),
     ) -> None:
-        """Choose the default detector's shape (patience, drawdown, deep-drop path) on the corpus parts already
-        seen, by the rule of scheduling/detector_selection.py; writes the ranked candidates as markdown."""
+        """Choose the default detector's shape (mean window, patience, drawdown, deep-drop path) on the corpus parts
+        already seen, by the rule of scheduling/detector_selection.py; writes the ranked candidates as markdown."""
         import os
 
         from scheduling.detector_selection import (
