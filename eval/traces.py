@@ -265,13 +265,24 @@ USEFULNESS = {
 }
 
 
+def _gold(run: Run) -> np.ndarray:
+    return run.gold if run.gold is not None else np.array([c.eval_score for c in run.checkpoints])
+
+
+def peak_index(run: Run) -> int:
+    """Index of the run's gold peak: the first checkpoint at or after its hindsight `peak_step` when labelled,
+    else its best gold (else eval) score; -1 when it has no finite score. A stop at or after it is after the peak."""
+    gold = _gold(run)
+    if run.peak_step == run.peak_step:
+        return min(int(np.searchsorted(run.steps, run.peak_step, side="left")), len(gold) - 1)
+    return int(np.nanargmax(gold)) if np.isfinite(gold).any() else -1
+
+
 def usefulness(run: Run, stop_i: int | None, kept_i: int) -> dict[str, float | str]:
-    gold = run.gold if run.gold is not None else np.array([c.eval_score for c in run.checkpoints])
+    gold = _gold(run)
     n = len(gold)
     finite = np.isfinite(gold)
-    peak_i = int(np.nanargmax(gold)) if finite.any() else -1
-    if run.peak_step == run.peak_step:  # labelled in hindsight: a stop at or after that step is after the peak
-        peak_i = min(int(np.searchsorted(run.steps, run.peak_step, side="left")), n - 1)
+    peak_i = peak_index(run)
     out: dict[str, float | str] = {"stop_phase": "none", "gold_peak_step": run.steps[peak_i] if peak_i >= 0
                                    else math.nan, "quality_kept": 0.0, "compute_saved": 0.0, "delay": math.nan}
     if stop_i is None:

@@ -233,6 +233,51 @@ def register(app: typer.Typer) -> None:
                                "useful on those splits", path=config)
             console.print(f"[green]recorded in {path}[/]")
 
+    @app.command("detector-frontier")
+    def detector_frontier_cmd(
+        corpus: Path = typer.Option(Path("data/curves"), "--corpus", help="real-curve corpus directory "
+                                    "(<source>/traces.csv + runs.csv with label, peak_step, split)"),
+        split: list[str] = typer.Option(["report"], "--split", help="corpus split to read (repeat to pool several)"),
+        out: Path = typer.Option(Path("docs/detector-frontier.md"), "--out", help="markdown file to write"),
+        workers: int = typer.Option(None, "--workers", help="worker processes (default: all cores)"),
+        config: Path = typer.Option(None, "--config", help="detector config the shapes start from (default: "
+                                    "configs/detectors.yaml)"),
+    ) -> None:
+        """In hindsight, the most useful stops every shape of the selection grid reaches on a corpus split at each
+        number of calibration-fleet runs stopped: an upper bound on what any version of the default detector can
+        reach there; writes markdown."""
+        import os
+
+        from eval.corpus import ALL_SPLITS, CHOSEN_ON_SPLITS
+        from scheduling.detector_frontier import default_point, frontier, render
+        from scheduling.detector_selection import candidates, selection_runs
+
+        check_out_file(out, "out")
+        check_workers(workers)
+        if not (corpus / "runs.csv").is_file():
+            raise BadInput(f"--corpus '{corpus}': no runs.csv (need <source>/traces.csv and runs.csv)")
+        unknown = [s for s in split if s not in ALL_SPLITS]
+        if unknown:
+            raise BadInput(f"--split '{unknown[0]}': not a corpus split; use one of {', '.join(ALL_SPLITS)}")
+        if config is not None and not config.is_file():
+            raise BadInput(f"--config '{config}': no such file")
+        splits = tuple(dict.fromkeys(split))
+        runs = selection_runs(corpus, splits)
+        fleet = [r for r in selection_runs(corpus, CHOSEN_ON_SPLITS) if r.label == 0]
+        hacking, healthy = sum(r.label == 1 for r in runs), sum(r.label == 0 for r in runs)
+        if not hacking or not healthy:
+            raise BadInput(f"--split {'+'.join(splits)}: needs hacking and healthy runs (has {hacking} and "
+                           f"{healthy}); pick another split")
+        console = make_console()
+        with progress_bar(console) as progress:
+            task = progress.add_task("shapes", total=len(candidates()))
+            table = frontier(runs, fleet, workers=workers or os.cpu_count() or 1, config=config,
+                             on_done=lambda _c: progress.advance(task))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(render(table, splits, CHOSEN_ON_SPLITS, hacking, healthy, len(fleet),
+                              default_point(runs, fleet, config=config)))
+        console.print(f"[green]wrote {out}[/]")
+
     @app.command("compare-detectors")
     def compare_detectors_cmd(
         out: Path = typer.Option(Path("docs/detectors.md"), "--out", help="markdown file to write"),
