@@ -24,8 +24,6 @@ uses, and the counts of that replay are what the table shows.
 from __future__ import annotations
 
 import math
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from eval.detectors import make_detector
-from scheduling.detector_selection import DETECTOR, candidates
+from scheduling.detector_selection import DETECTOR, candidates, map_in_processes
 
 #: bisection steps per critical value: the bar's range (0, 64) to about 1e-8
 ITERS = 32
@@ -128,13 +126,7 @@ def frontier(split_runs, fleet_runs, workers: int | None = 1, shapes: list[dict[
     base = make_detector(DETECTOR, config=config).params()
     fleet = [r.checkpoints for r in fleet_runs]
     jobs = [(shape, base, split_runs, fleet) for shape in (candidates() if shapes is None else shapes)]
-    crits = []
-    with ProcessPoolExecutor(max_workers=workers) if workers != 1 else nullcontext() as pool:
-        for c in (pool.map if pool else map)(_criticals, jobs):
-            crits.append(c)
-            if on_done:
-                on_done(c)
-    table = frontier_points(crits)
+    table = frontier_points(map_in_processes(_criticals, jobs, workers, on_done))
     for i, point in table.iterrows():
         got = replay(point, split_runs, fleet_runs)
         want = (int(point.useful), int(point.healthy_stopped), int(point.fleet_stopped))

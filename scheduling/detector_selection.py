@@ -79,13 +79,19 @@ def score_candidates(runs, target: float = TARGET_FSR, workers: int | None = 1, 
     does not set are the configured default's (`config`: another detector config)."""
     base = make_detector(DETECTOR, config=config).params()
     jobs = [(shape, base, runs, target) for shape in (candidates() if shapes is None else shapes)]
-    rows = []
+    return rank(pd.DataFrame(map_in_processes(_score, jobs, workers, on_done)))
+
+
+def map_in_processes(fn, jobs: list, workers: int | None, on_done=None) -> list:
+    """[fn(job) for job in jobs], in `workers` processes (1: in this one), calling `on_done` with each result as
+    it arrives, in order."""
+    out = []
     with ProcessPoolExecutor(max_workers=workers) if workers != 1 else nullcontext() as pool:
-        for row in (pool.map if pool else map)(_score, jobs):
-            rows.append(row)
+        for result in (pool.map if pool else map)(fn, jobs):
+            out.append(result)
             if on_done:
-                on_done(row)
-    return rank(pd.DataFrame(rows))
+                on_done(result)
+    return out
 
 
 def rank(table: pd.DataFrame) -> pd.DataFrame:

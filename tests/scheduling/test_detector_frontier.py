@@ -7,7 +7,6 @@ import dataclasses
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from eval.corpus import load_corpus
@@ -78,40 +77,20 @@ def test_frontier_points_keep_the_fewest_fleet_stops_per_useful_count_and_drop_d
     assert table.loc[0, "params"] == {"z": 1.25}
 
 
-def _trace(healthy: int, hacking: int) -> pd.DataFrame:
-    """Healthy runs rise steadily (noise SD 0.02: never 0.3 below their best); hacking runs rise to 1 at
-    checkpoint 10 and fall 0.08 per checkpoint to 0.2 at the end: no proxy, so only the patience rule judges them,
-    and the best of their last 5 evals falls more than 0.3 below the peak at checkpoint 18 whatever the bar."""
-    rng = np.random.default_rng(7)
-    rows = []
-    for k in range(healthy + hacking):
-        label = int(k >= healthy)
-        y = np.r_[np.linspace(0.0, 1.0, 11), 1.0 - 0.08 * np.arange(1, 11)] if label else np.linspace(0.0, 1.0, 21)
-        y = y + rng.normal(0, 0.02, 21)
-        rows += [{"run_id": f"r{k}", "step": s, "eval_score": v, "label": label} for s, v in enumerate(y)]
-    return pd.DataFrame(rows)
-
-
-def test_the_command_writes_the_frontier_of_a_corpus_split(tmp_path, monkeypatch):
+def test_the_command_writes_the_frontier_of_a_corpus_split(tmp_path, monkeypatch, write_corpus, slow_decline_trace):
     from typer.testing import CliRunner
 
     import scheduling.detector_selection as selection
     from rlhfops.cli import app
 
     # one shape: patience 5, drawdown 0.3 stops every hand-made slow decline at checkpoint 18 whatever its bar, and
-    # no steadily rising healthy run at any bar (see _trace)
+    # no steadily rising healthy run at any bar (see slow_decline_trace)
     monkeypatch.setattr(selection, "PATIENCE", (5,))
     monkeypatch.setattr(selection, "DRAWDOWN", (0.3,))
     monkeypatch.setattr(selection, "FAST_PATHS", ((0, 2.5),))
     monkeypatch.setattr(selection, "MEAN_WINDOWS", ())
-    corpus = tmp_path / "corpus"
-    (corpus / "src").mkdir(parents=True)
-    trace = _trace(healthy=20, hacking=4).assign(direction="max")
-    trace.to_csv(corpus / "src" / "traces.csv", index=False)
-    index = trace.groupby("run_id", as_index=False)["label"].first()
-    # 8 healthy runs and the 4 hacking ones are the report half; the other 12 healthy runs are the fleet
-    index["split"] = np.where(index["run_id"].str[1:].astype(int) < 12, "tune", "report")
-    index.assign(peak_step=float("nan")).to_csv(corpus / "runs.csv", index=False)
+    # the 12 healthy runs r0-r11 are the fleet; 8 healthy runs and the 4 hacking ones the report half
+    corpus = write_corpus(slow_decline_trace(healthy=20, hacking=4), lambda k: "tune" if k < 12 else "report")
     out = tmp_path / "frontier.md"
     res = CliRunner().invoke(app, ["detector-frontier", "--corpus", str(corpus), "--out", str(out),
                                    "--workers", "1"])

@@ -4,14 +4,11 @@ follow from how they were built."""
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from eval.detectors import make_detector
 from eval.traces import runs_from_trace
 from scheduling.detector_selection import DETECTOR, SHAPE_KEYS, candidates, chosen_params, rank, score_candidates
-
-STEPS = 21
 
 
 def test_the_grid_holds_valid_distinct_candidates_and_the_configured_shape():
@@ -36,26 +33,8 @@ def test_rank_orders_by_useful_then_false_stops_then_quality_then_fewest_changes
     assert list(rank(table)["id"]) == ["e", "d", "c", "b", "a"]
 
 
-def _trace(healthy: int, hacking: int) -> pd.DataFrame:
-    """Healthy runs rise steadily (noise SD 0.02: never 0.3 below their best); hacking runs rise to 1 at
-    checkpoint 10 and fall 0.08 per checkpoint to 0.2 at the end: no proxy, so only the patience rule judges them.
-    The best of the last 5 evals falls more than 0.3 below the peak at checkpoint 18, never more than 0.6 below it
-    before the run ends."""
-    rng = np.random.default_rng(7)
-    rows = []
-    for k in range(healthy + hacking):
-        label = int(k >= healthy)
-        if label:
-            y = np.r_[np.linspace(0.0, 1.0, 11), 1.0 - 0.08 * np.arange(1, STEPS - 10)]
-        else:
-            y = np.linspace(0.0, 1.0, STEPS)
-        y = y + rng.normal(0, 0.02, STEPS)
-        rows += [{"run_id": f"r{k}", "step": s, "eval_score": v, "label": label} for s, v in enumerate(y)]
-    return pd.DataFrame(rows)
-
-
-def test_a_selection_on_hand_made_runs_chooses_the_drawdown_that_stops_the_slow_declines():
-    runs = runs_from_trace(_trace(healthy=12, hacking=4))
+def test_a_selection_on_hand_made_runs_chooses_the_drawdown_that_stops_the_slow_declines(slow_decline_trace):
+    runs = runs_from_trace(slow_decline_trace(healthy=12, hacking=4))
     shallow = {"patience": 5, "drawdown": 0.3, "fast_window": 0, "fast_ratio": 2.5, "mean_window": 0}
     deep = {"patience": 5, "drawdown": 0.6, "fast_window": 0, "fast_ratio": 2.5, "mean_window": 0}
     table = score_candidates(runs, target=0.02, shapes=[deep, shallow])
@@ -73,7 +52,9 @@ def test_a_selection_on_hand_made_runs_chooses_the_drawdown_that_stops_the_slow_
     assert hits == [r.label == 1 for r in runs]
 
 
-def test_the_command_ranks_the_grid_on_a_corpus_and_records_the_chosen_shape(tmp_path, monkeypatch):
+def test_the_command_ranks_the_grid_on_a_corpus_and_records_the_chosen_shape(
+    tmp_path, monkeypatch, write_corpus, slow_decline_trace
+):
     import yaml
     from typer.testing import CliRunner
 
@@ -85,12 +66,7 @@ def test_the_command_ranks_the_grid_on_a_corpus_and_records_the_chosen_shape(tmp
     monkeypatch.setattr(selection, "DRAWDOWN", (0.6, 0.3))
     monkeypatch.setattr(selection, "FAST_PATHS", ((0, 2.5),))
     monkeypatch.setattr(selection, "MEAN_WINDOWS", ())
-    corpus = tmp_path / "corpus"
-    (corpus / "src").mkdir(parents=True)
-    trace = _trace(healthy=12, hacking=4).assign(direction="max")
-    trace.to_csv(corpus / "src" / "traces.csv", index=False)
-    index = trace.groupby("run_id", as_index=False)["label"].first()
-    index.assign(peak_step=float("nan"), split="tune").to_csv(corpus / "runs.csv", index=False)
+    corpus = write_corpus(slow_decline_trace(healthy=12, hacking=4), lambda _k: "tune")
     config = tmp_path / "detectors.yaml"
     config.write_text(yaml.safe_dump({"version": 3, "detectors": {}, "changelog": []}))
     out = tmp_path / "selection.md"
