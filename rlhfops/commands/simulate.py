@@ -15,6 +15,12 @@ from common.validate import check_out_dir, check_out_file, check_seed, check_wor
 from rlhfops.console import make_console
 
 
+def check_corpus(corpus: Path) -> None:
+    """A `--corpus` directory as `eval.corpus` reads it, or BadInput naming the flag."""
+    if not (corpus / "runs.csv").is_file():
+        raise BadInput(f"--corpus '{corpus}': no runs.csv (need <source>/traces.csv and runs.csv)")
+
+
 def progress_bar(console):
     """A transient progress bar: description, bar, done/total, elapsed."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -205,8 +211,7 @@ def register(app: typer.Typer) -> None:
 
         check_out_file(out, "out")
         check_workers(workers)
-        if not (corpus / "runs.csv").is_file():
-            raise BadInput(f"--corpus '{corpus}': no runs.csv (need <source>/traces.csv and runs.csv)")
+        check_corpus(corpus)
         if not 0.0 < target_fsr < 1.0:
             raise BadInput(f"--target-fsr {target_fsr}: must be in (0, 1)")
         if config is not None and not config.is_file():
@@ -254,8 +259,7 @@ def register(app: typer.Typer) -> None:
 
         check_out_file(out, "out")
         check_workers(workers)
-        if not (corpus / "runs.csv").is_file():
-            raise BadInput(f"--corpus '{corpus}': no runs.csv (need <source>/traces.csv and runs.csv)")
+        check_corpus(corpus)
         unknown = [s for s in split if s not in ALL_SPLITS]
         if unknown:
             raise BadInput(f"--split '{unknown[0]}': not a corpus split; use one of {', '.join(ALL_SPLITS)}")
@@ -302,8 +306,7 @@ def register(app: typer.Typer) -> None:
         if corpus is not None:
             from scheduling.detector_report import corpus_table, render_corpus
 
-            if not (corpus / "runs.csv").is_file():
-                raise BadInput(f"--corpus '{corpus}': no runs.csv (need <source>/traces.csv and runs.csv)")
+            check_corpus(corpus)
             from eval.corpus import ALL_SPLITS
 
             section = render_corpus({split: corpus_table(corpus, split) for split in ALL_SPLITS}, corpus)
