@@ -2,10 +2,56 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+
+#: the per-test timeout (pytest-timeout) of a test marked `slow` that names none of its own: the end-to-end tests
+#: train real jobs or start servers; their default (pyproject's `timeout`, 300 s) is meant for everything else
+SLOW_TIMEOUT_S = 900
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow end-to-end tests get `SLOW_TIMEOUT_S` unless they carry an explicit `@pytest.mark.timeout(...)`."""
+    for item in items:
+        if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
+
+
+def _address_space_bytes() -> int:
+    """This process's virtual address space now (VmSize), in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@pytest.fixture(autouse=True)
+def _memory_cap(request):
+    """`@pytest.mark.memory_cap(gib)`: the test may grow this process's address space by at most `gib` GiB
+    (RLIMIT_AS, soft limit only, restored after the test). A runaway allocation then fails that test with a
+    MemoryError at once instead of swapping the shared CI machine to a halt and ending as a whole-run timeout.
+    The cap is relative to what the (xdist) worker already maps, so the modules earlier tests imported (torch maps
+    about 0.6 GB) do not eat the budget."""
+    marker = request.node.get_closest_marker("memory_cap")
+    if marker is None or not sys.platform.startswith("linux"):
+        yield
+        return
+    import resource
+
+    gib = float(marker.kwargs.get("gib", marker.args[0] if marker.args else 4))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = _address_space_bytes() + int(gib * 2**30)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 @contextmanager

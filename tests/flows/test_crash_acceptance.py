@@ -23,7 +23,8 @@ PY = sys.executable
 #: a smaller job than the nightly's (fewer reward-model pairs and SFT steps) so the tests stay short
 TINY_JOB = {"task.n_pairs": 200, "task.sft_steps": 60, "ppo.batch_size": 16, "ppo.max_new_tokens": 24}
 
-pytestmark = pytest.mark.slow
+# each test runs whole CLI processes with their own timeouts (up to 900 s for a rerun): above those
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:

@@ -137,6 +137,7 @@ def _wait(flow_run_ids: dict[str, object], worker_log: Path, timeout_s: float = 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # a real server and worker (the `stack` fixture), then up to 900 s of flow runs
 def test_every_deployment_completes_under_a_real_server_and_process_worker(stack, monkeypatch):
     import mlflow
     import pandas as pd

@@ -14,6 +14,9 @@ from scheduling.metrics import job_table, summarize
 from scheduling.policies import FIFO, EarlyStop, Policy, SRTFEst, parse_scheduler
 from scheduling.workload import JOB_TYPES, Workload, _noise, checkpoint_grid, generate
 
+# the engine's preemption loop is where a bug once grew a test process to ~15 GB: fail such a test at once
+pytestmark = pytest.mark.memory_cap(4)
+
 
 def hand_workload(jobs: list[dict]) -> Workload:
     """Jobs given as dicts: arrival, type, gpus, duration, evals (list of (progress, eval, loss)), hacking."""
