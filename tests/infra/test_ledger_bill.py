@@ -1,0 +1,149 @@
+"""A bill computed by hand for a small multi-tenant workload: which tenant, which phase and which GPU kind each
+charge lands on, and what it costs. The other ledger tests check sums that hold for any tenant or phase mapping;
+these check the mapping itself. Every expected number below is this file's own arithmetic on the charges it makes
+(GPU-seconds = wall seconds x GPUs; cost = GPU-seconds / 3600 x the kind's hourly price), never the ledger's."""
+
+from __future__ import annotations
+
+from fractions import Fraction as F
+
+import pandas as pd
+import pytest
+
+from infra.ledger import MICRO, PHASES, Ledger, PriceTable, charge_simulated_jobs
+from training.metrics import StepRecord
+
+# distinct prices, so a charge booked to the wrong kind changes the bill
+PRICES = PriceTable(gpu_hour={"h100": "4.00", "a100": "2.40", "l4": "0.80"}, tenants=["acme", "globex"])
+PRICE = {"h100": F(4), "a100": F(12, 5), "l4": F(4, 5)}
+
+
+def step(n: int, gen: int, trained: int, **phase_seconds: float) -> StepRecord:
+    return StepRecord(step=n, policy_version=n, reward_mean=0.0, phase_seconds=phase_seconds,
+                      tokens_generated=gen, tokens_trained=trained)
+
+
+def sim_jobs() -> pd.DataFrame:
+    """Two finished simulated jobs (a `jobs.csv` frame): tenant index 0 (acme) and 1 (globex)."""
+    return pd.DataFrame([
+        dict(experiment="E1", variant="v", scheduler="FIFO", seed=1, job_id=0, tenant=0, gpus=2, eval_minutes=3.0,
+             checkpoints=4, gpu_minutes=60.0),
+        dict(experiment="E1", variant="v", scheduler="FIFO", seed=1, job_id=1, tenant=1, gpus=1, eval_minutes=0.5,
+             checkpoints=2, gpu_minutes=10.0),
+    ])
+
+
+def bill() -> Ledger:
+    ledger = Ledger(PRICES)
+    # acme-1: trainer steps on 2 x H100 (step 2 ran no eval gate)
+    ledger.charge_step("acme-1", "acme", "h100",
+                       step(1, 100, 80, rollout=3.0, score=1.5, sync=0.5, optim=2.0, eval=4.0), n_gpus=2)
+    ledger.charge_step("acme-1", "acme", "h100", step(2, 90, 70, rollout=2.5, score=1.0, sync=0.25, optim=1.75),
+                       n_gpus=2)
+    # acme-2: direct charges on one A100
+    ledger.charge("acme-2", "acme", "a100", "rollout", 600.0, tokens_generated=1000)
+    ledger.charge("acme-2", "acme", "a100", "eval", 300.0)
+    # globex-1: one trainer step on 4 x L4
+    ledger.charge_step("globex-1", "globex", "l4", step(1, 400, 300, rollout=10.0, score=5.0, optim=2.5, eval=6.0),
+                       n_gpus=4)
+    # globex-2: one run on two kinds (its eval on an H100, its optimiser step on an A100)
+    ledger.charge("globex-2", "globex", "h100", "eval", 900.0)
+    ledger.charge("globex-2", "globex", "a100", "optim", 1800.0, tokens_trained=50, steps=1)
+    # the simulator's finished jobs: eval = GPUs x eval minutes x checkpoints, the rest is optim, both on H100
+    charge_simulated_jobs(ledger, sim_jobs(), gpu_kind="h100")
+    return ledger
+
+
+# The bill by hand: GPU-seconds per (run, kind, phase).
+SIM0 = "E1/v/FIFO/seed1/job0"
+SIM1 = "E1/v/FIFO/seed1/job1"
+SIM0_EVAL = 2 * 3.0 * 4 * 60  # 1440 GPU-s of the job's 3600
+SIM1_EVAL = 1 * 0.5 * 2 * 60  # 60 GPU-s of the job's 600
+EXPECTED: dict[tuple[str, str, str], float] = {
+    ("acme-1", "h100", "rollout"): (3.0 + 2.5) * 2,
+    ("acme-1", "h100", "score"): (1.5 + 1.0) * 2,
+    ("acme-1", "h100", "sync"): (0.5 + 0.25) * 2,
+    ("acme-1", "h100", "optim"): (2.0 + 1.75) * 2,
+    ("acme-1", "h100", "eval"): 4.0 * 2,
+    ("acme-2", "a100", "rollout"): 600.0,
+    ("acme-2", "a100", "eval"): 300.0,
+    ("globex-1", "l4", "rollout"): 10.0 * 4,
+    ("globex-1", "l4", "score"): 5.0 * 4,
+    ("globex-1", "l4", "optim"): 2.5 * 4,
+    ("globex-1", "l4", "eval"): 6.0 * 4,
+    ("globex-2", "h100", "eval"): 900.0,
+    ("globex-2", "a100", "optim"): 1800.0,
+    (SIM0, "h100", "eval"): SIM0_EVAL,
+    (SIM0, "h100", "optim"): 60.0 * 60 - SIM0_EVAL,
+    (SIM1, "h100", "eval"): SIM1_EVAL,
+    (SIM1, "h100", "optim"): 10.0 * 60 - SIM1_EVAL,
+}
+TENANT = {"acme-1": "acme", "acme-2": "acme", "globex-1": "globex", "globex-2": "globex", SIM0: "acme",
+          SIM1: "globex"}
+#: (tokens generated, tokens trained, committed steps) per run
+COUNTS = {"acme-1": (190, 150, 2), "acme-2": (1000, 0, 0), "globex-1": (400, 300, 1), "globex-2": (0, 50, 1),
+          SIM0: (0, 0, 4), SIM1: (0, 0, 2)}
+
+
+def expected_cost(select) -> F:
+    return sum((F(str(s)) / 3600 * PRICE[kind] for (run, kind, phase), s in EXPECTED.items()
+                if select(run, kind, phase)), F(0))
+
+
+def test_each_run_is_billed_per_phase_to_its_tenant():
+    runs = bill().run_totals()
+    assert set(runs) == set(TENANT)
+    for run, t in runs.items():
+        for phase in PHASES:
+            want = sum(s for (r, _, p), s in EXPECTED.items() if r == run and p == phase)
+            assert t.gpu_us_by_phase[phase] == round(want * MICRO), (run, phase)
+        assert t.gpu_us == round(sum(s for (r, _, _), s in EXPECTED.items() if r == run) * MICRO), run
+        assert (t.tokens_generated, t.tokens_trained, t.steps) == COUNTS[run], run
+        assert t.cost == expected_cost(lambda r, k, p, run=run: r == run), run
+
+
+def test_the_bill_per_tenant_phase_and_gpu_kind():
+    tenants = bill().tenant_totals()
+    assert set(tenants) == {"acme", "globex"}
+    for name, t in tenants.items():
+        for phase in PHASES:
+            want = sum(s for (r, _, p), s in EXPECTED.items() if TENANT[r] == name and p == phase)
+            assert t.gpu_us_by_phase[phase] == round(want * MICRO), (name, phase)
+        assert t.cost == expected_cost(lambda r, k, p, name=name: TENANT[r] == name), name
+        assert t.steps == sum(c[2] for r, c in COUNTS.items() if TENANT[r] == name)
+    # the same bill written out as a tenant would read it (GPU-hours x price per kind, eval included)
+    acme = (F(2 * (3 + F("2.5") + F("1.5") + 1 + F("0.5") + F("0.25") + 2 + F("1.75") + 4)) * 4  # acme-1, H100
+            + F(600 + 300) * F("2.4")  # acme-2, A100
+            + F(3600) * 4) / 3600  # the simulated job, H100
+    globex = (F(4 * (10 + 5 + F("2.5") + 6)) * F("0.8")  # globex-1, L4
+              + F(900) * 4 + F(1800) * F("2.4")  # globex-2: eval on H100, optim on A100
+              + F(600) * 4) / 3600  # the simulated job, H100
+    assert tenants["acme"].cost == acme and tenants["globex"].cost == globex
+    # eval is billed: acme's eval GPU-seconds are its trainer gate, its A100 eval and the simulated job's evals
+    assert tenants["acme"].gpu_us_by_phase["eval"] == round((8.0 + 300.0 + SIM0_EVAL) * MICRO)
+
+
+def test_the_cluster_bill_per_gpu_kind():
+    ledger = bill()
+    cluster = ledger.cluster_total()
+    by_kind = {k: expected_cost(lambda r, kk, p, k=k: kk == k) for k in PRICE}
+    # per kind by hand: H100 GPU-seconds 2 x 16.5 = 33 (acme-1) + 900 (globex-2 eval) + 4200 (simulated jobs)
+    assert by_kind["h100"] == F(33 + 900 + 4200, 3600) * 4
+    assert cluster.cost == sum(by_kind.values())
+    assert cluster.gpu_us == round(sum(EXPECTED.values()) * MICRO)
+    assert cluster.steps == sum(c[2] for c in COUNTS.values())
+
+
+def test_the_frame_shows_the_same_bill():
+    frame = bill().frame().set_index("run_id")
+    for run in TENANT:
+        row = frame.loc[run]
+        assert row["tenant"] == TENANT[run]
+        for phase in PHASES:
+            want = sum(s for (r, _, p), s in EXPECTED.items() if r == run and p == phase)
+            assert row[f"gpu_seconds_{phase}"] == pytest.approx(want, abs=1e-6), (run, phase)
+        cost = expected_cost(lambda r, k, p, run=run: r == run)
+        assert row["cost"] == pytest.approx(float(cost), rel=1e-12)
+        steps = COUNTS[run][2]
+        if steps:
+            assert row["cost_per_step"] == pytest.approx(float(cost / steps), rel=1e-12)
