@@ -24,6 +24,10 @@ def describe_validation_error(err: ValidationError, source: str = "config") -> s
         # say what was given and what is allowed: the bound is the fix
         op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
         msg = f"{given!r} is out of range: give a value {op} {ctx[_BOUNDS[kind]]}"
+    elif kind in ("float_type", "int_type", "bool_type") and isinstance(given, str):
+        # strict configs: a quoted number is text, never converted
+        what = {"float_type": "a number", "int_type": "a whole number", "bool_type": "true or false"}[kind]
+        msg = f"{given!r} is text, not {what} (write it without quotes)"
     elif kind == "finite_number":
         msg = f"{given!r} is not a finite number (give a finite value)"
     more = len(err.errors()) - 1

@@ -1,7 +1,6 @@
 """Input checks shared by the CLI, the flows and the config loaders: each raises `BadInput` with one line
 that names the field (a config field or a flow parameter, never a CLI flag) and the fix, before any work.
 
-- `read_yaml_mapping`: a YAML file that exists, is UTF-8, parses, and holds a mapping.
 - `check_out_dir` / `check_out_file`: an output path that can be created where it is asked for (a directory
   is not an existing file and vice versa; no existing file in the way of a parent; the nearest existing
   parent is writable). Checked before any work, so a wrong `out` fails in milliseconds, not after the run.
@@ -25,38 +24,6 @@ MEMORY_LIMIT_ENV = "RLHFOPS_MEMORY_LIMIT_GIB"
 #: share of physical memory a single run may plan to use when the variable is not set
 DEFAULT_MEMORY_SHARE = 0.8
 GIB = 1024**3
-
-
-def read_yaml_mapping(path: str | Path, field: str) -> dict:
-    """The mapping in a YAML file. `field` names what the file is for (`config`, `alerts`, ...)."""
-    import yaml
-
-    path = Path(path)
-    if path.is_dir():
-        raise BadInput(f"{field}: '{path}' is a directory (pass a YAML file)")
-    if not path.is_file():
-        raise BadInput(f"{field}: file '{path}' not found (pass a YAML file)")
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = path.read_bytes()[: err.start].count(b"\n") + 1
-        raise BadInput(f"{field}: '{path}' is not UTF-8 text (byte 0x{err.object[err.start]:02x} on line {line}; "
-                       "save the file as UTF-8)") from None
-    except OSError as err:
-        raise BadInput(f"{field}: cannot read '{path}' ({err.strerror})") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise BadInput(f"{field}: '{path}' is not valid YAML{where} ({problem}; fix the syntax)") from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise BadInput(f"{field}: '{path}' must hold a mapping of fields at the top level, not a "
-                       f"{type(raw).__name__}")
-    return raw
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -208,53 +175,3 @@ def set_dotted(tree: dict, dotted: str, value: Any) -> None:
             raise BadInput(f"override '{dotted}': '{'.'.join(parts[: i + 1])}' is a value, not a section")
         node = nxt
     node[parts[-1]] = copy.deepcopy(value)
-
-
-def _override_for(loc: str, overrides: dict[str, Any]) -> str | None:
-    for key in overrides:
-        if loc == key or loc.startswith(key + ".") or key.startswith(loc + "."):
-            return key
-    return None
-
-
-def validate_with_overrides(model: Any, raw: dict, overrides: dict[str, Any] | None, source: str):
-    """Validate `raw` (read from `source`), then apply dotted `overrides` on top of the validated values and
-    validate again, so an error in the file names the file and an error in an override names the override
-    (`override 'ppo.actor_lr=1e308': field 'ppo.actor_lr': ...`). Overrides may fill a section the file leaves
-    to its defaults (`workload.lora.eval_minutes=2` on a file without `workload.lora`)."""
-    import copy
-
-    from pydantic import ValidationError
-
-    from common.errors import describe_validation_error
-
-    overrides = dict(overrides or {})
-    try:
-        base = model.model_validate(raw)
-    except ValidationError as err:
-        if overrides:  # an override may supply what the file lacks
-            tree = copy.deepcopy(raw)
-            for key, value in overrides.items():
-                set_dotted(tree, key, value)
-            try:
-                return model.model_validate(tree)
-            except ValidationError:
-                pass
-        raise BadInput(describe_validation_error(err, source=source)) from None
-    if not overrides:
-        return base
-    tree = base.model_dump()
-    for key, value in overrides.items():
-        set_dotted(tree, key, value)
-    try:
-        return model.model_validate(tree)
-    except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        key = _override_for(loc, overrides) if loc else None
-        if key is None:
-            # a cross-field rule broke: name every override, any of them may be the cause
-            label = "overrides " + ", ".join(f"'{k}={overrides[k]}'" for k in overrides)
-        else:
-            label = f"override '{key}={overrides[key]}'"
-        raise BadInput(describe_validation_error(err, source=label)) from None

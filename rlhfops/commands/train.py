@@ -32,10 +32,7 @@ def register(app: typer.Typer) -> None:
         from rlhfops.console import make_console
         from training.config import load_config
         from training.rundir import locked_run_dir
-        from training.trace import export_trace
-        from training.trainer import Trainer, check_overlap
 
-        check_overlap(overlap)
         if steps is not None and not 1 <= steps <= 10_000_000:
             raise BadInput("--steps: must be between 1 and 10,000,000 (the config's bound on steps)")
         if label not in (None, 0, 1):
@@ -46,6 +43,11 @@ def register(app: typer.Typer) -> None:
         out = out or Path("runs") / f"{config.stem}-{overlap}"
         check_out_dir(out, "out")
         check_out_file(trace, "trace")
+        # torch: only once the config is known good, so a config error is reported in under a second
+        from training.trace import export_trace
+        from training.trainer import Trainer, check_overlap
+
+        check_overlap(overlap)
         # one writer per run directory, held until the command ends (a second one exits 2 naming the holder)
         ctx.with_resource(locked_run_dir(out, "--out"))
         if fresh and out.exists():
