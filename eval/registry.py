@@ -24,6 +24,7 @@ from eval.detectors import Bocpd, Cusum, Detector, Divergence, EvalStop, LossPla
 from eval.health.base import HealthAlert
 from eval.health.policy_alerts import EntropyCollapse, KLBlowup, RewardBand, RewardHacking
 from eval.health.run_alerts import DeadRun, GradNormSpike, RolloutDrift, SyncStall
+from eval.paired import PairedStop
 from eval.patience import NoisePatience
 
 
@@ -40,7 +41,7 @@ def _by_name(*classes: type[Detector], taken: Mapping[str, type[Detector]] | Non
 #: the early-stop detectors: what an eval gate runs to stop a declining run (the scheduler's early-stop
 #: wrapper, the live platform, `rlhfops detect`), the choices of the `rlhf-job` form's `detector`
 EARLY_STOP_DETECTORS: Mapping[str, type[Detector]] = _by_name(
-    EvalStop, StopAt, LossPlateau, MinDeltaPatience, Cusum, Bocpd, Divergence, NoisePatience,
+    EvalStop, StopAt, LossPlateau, MinDeltaPatience, Cusum, Bocpd, Divergence, NoisePatience, PairedStop,
 )
 
 #: the run-health alerts, in the runbook's order (1-7 algorithmic, 8 run mechanics); configs/alerts.yaml

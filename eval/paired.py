@@ -1,0 +1,393 @@
+"""The paired, anytime-valid stop rule: stop a run only when its current checkpoint is, on the same held-out prompts
+scored with the same sampling seeds, worse than an earlier checkpoint by more than `margin`, with a bound `alpha`
+on the probability that a healthy run is EVER stopped, however many checkpoints it has and however often the gate
+scores more prompts.
+
+Read top to bottom: 1. the paired difference of two checkpoints; 2. the confidence sequence on its mean;
+3. how alpha is spent over checkpoints and references; 4. the detector (`PairedStop`) and its monitor;
+5. the same rule over many simulated runs at once (`scan_scores`); 6. verdicts for `rlhfops detect --prompts`.
+
+Why paired: each prompt's score is mostly how hard the prompt is. Two checkpoints scored on the same prompts with
+the same sampling seed (common random numbers) differ prompt by prompt by much less than their scores spread, so
+the mean of the per-prompt differences has a far smaller standard error than the difference of two means.
+
+Plain Python + numpy: no Prefect or MLflow here.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from eval.detector_base import Checkpoint, Detector, Monitor
+
+# --------------------------------------------------------------------------- 1. the paired difference
+
+
+@dataclass(frozen=True)
+class PairedDiff:
+    """Per-prompt differences b - a of two checkpoints on the same prompts: how many, their mean and sample SD."""
+
+    n: int
+    mean: float
+    sd: float
+
+
+def paired_diff(a: Mapping[str, float] | np.ndarray, b: Mapping[str, float] | np.ndarray) -> PairedDiff:
+    """n, mean and SD (ddof 1; 0 for one prompt) of b_i - a_i over the prompts i both were scored on.
+
+    `a` and `b` map prompt id -> score (a dict or a pandas Series), or are arrays in the same prompt order.
+    Different prompt sets are refused (ValueError naming a prompt only one has): a paired difference over
+    prompts one side never saw would compare prompt difficulty, not checkpoints."""
+    if isinstance(a, Mapping) or hasattr(a, "items"):
+        if not (isinstance(b, Mapping) or hasattr(b, "items")):
+            raise ValueError("paired_diff: give both score sets as prompt id -> score, or both as arrays")
+        a_map, b_map = dict(a.items()), dict(b.items())
+        only = sorted(set(a_map) ^ set(b_map), key=str)
+        if only:
+            side = "first" if only[0] in a_map else "second"
+            raise ValueError(f"paired_diff: prompt '{only[0]}' is scored only in the {side} set "
+                             f"({len(only)} prompt(s) not in both): pair checkpoints on the same prompts")
+        keys = sorted(a_map, key=str)
+        x = np.array([a_map[k] for k in keys], dtype=float)
+        y = np.array([b_map[k] for k in keys], dtype=float)
+    else:
+        x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+        if x.shape != y.shape or x.ndim != 1:
+            raise ValueError(f"paired_diff: score arrays of shapes {x.shape} and {y.shape}: pair checkpoints on the "
+                             "same prompts, in the same order")
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+        raise ValueError("paired_diff: a score is NaN or infinite")
+    if x.size == 0:
+        raise ValueError("paired_diff: no prompts")
+    d = y - x
+    return PairedDiff(int(d.size), float(d.mean()), float(d.std(ddof=1)) if d.size > 1 else 0.0)
+
+
+# --------------------------------------------------------------------------- 2. the confidence sequence
+# The per-prompt differences d_1, d_2, ... of two fixed checkpoints, prompts taken in the gate's fixed pool order,
+# are i.i.d. with mean delta (the prompts are a sample of the held-out pool) and some SD sigma. Their centred sum
+# S_n = sum_{i<=n} (d_i - delta) gives, for every lambda, the (super)martingale exp(lambda S_n - lambda^2 sigma^2 n/2)
+# when the d_i are sigma-sub-Gaussian. Mixing lambda over N(0, 1 / (r sigma^2)) (Robbins 1970; Howard, Ramdas,
+# McAuliffe and Sekhon 2021, the two-sided normal mixture) gives the martingale
+#
+#     M_n = sqrt(r / (n + r)) * exp(S_n^2 / (2 sigma^2 (n + r))),
+#
+# and Ville's inequality, P(exists n: M_n >= 1/a) <= a, turns it into a confidence sequence, valid at every n at once:
+#
+#     |mean_n - delta| <= sigma * sqrt((n + r) * log((n + r) / (r * a^2))) / n       for all n >= 1, prob >= 1 - a.
+#
+# sigma is unknown: it is replaced by the sample SD of the n differences, which makes this the asymptotic confidence
+# sequence of Waudby-Smith, Arbour, Sinha, Kennedy and Ramdas (2024, "Time-uniform central limit theory and
+# asymptotic confidence sequences", their Robbins-type boundary with rho^2 = 1/r): valid as n grows for any
+# distribution with a finite variance; `min_prompts` keeps the rule from judging a pair on a handful of prompts.
+# r (in prompts) sets where the sequence is tightest; the approximately best r for a width at n_opt prompts is
+# (same paper; Howard et al. 2021, eq. for the two-sided normal mixture)
+#
+#     r = n_opt / (-2 log a + log(1 - 2 log a)).
+#
+# Because it holds at every n at once, the gate may score more prompts for a pair whose comparison is close and
+# look again, as often as it likes, at the same level a.
+
+
+def mixture_r(n_opt: float, a: float) -> float:
+    """The normal mixture's r (prompts) that makes the sequence about tightest at n_opt prompts, at level a."""
+    two_log = -2.0 * math.log(a)
+    return n_opt / (two_log + math.log(1.0 + two_log))
+
+
+def cs_radius(n: np.ndarray | float, sd: np.ndarray | float, a: np.ndarray | float,
+              r: np.ndarray | float) -> np.ndarray:
+    """Half-width of the level-a confidence sequence for a mean after n observations with sample SD `sd`:
+    sd * sqrt((n + r) * log((n + r) / (r a^2))) / n (see the comment above)."""
+    n = np.asarray(n, dtype=float)
+    w = n + r
+    return np.asarray(sd, dtype=float) * np.sqrt(w * np.log(w / (r * np.asarray(a, dtype=float) ** 2))) / n
+
+
+# --------------------------------------------------------------------------- 3. spending alpha
+# A run is compared, at its k-th look (the checkpoint with k earlier ones, k >= 1), with each of the k earlier
+# checkpoints; the reference the rule keeps on stopping is the one it looked best against (the best so far on these
+# prompts: a selection that peeks at the same scores). The bound covers every look and every candidate reference by
+# a union bound, with levels fixed before any score is seen:
+#
+#     look k spends alpha / (k (k + 1)), split evenly over its k candidate references: a_k = alpha / (k^2 (k + 1)).
+#
+# sum_k alpha / (k (k + 1)) = alpha, so P(any pair's sequence ever misses its mean) <= alpha. A healthy run is one
+# where no checkpoint is worse than an earlier one by more than `margin` (delta >= -margin for every pair); it is
+# stopped only when some pair's sequence lies wholly below -margin, i.e. misses its mean: probability <= alpha
+# however many checkpoints, references and extra prompts. Testing every earlier checkpoint (not only the best by
+# mean) costs nothing more: each was paid for. The price of the union is a width that grows like sqrt(log k^3).
+
+
+def pair_alpha(alpha: float, k: np.ndarray | int) -> np.ndarray | float:
+    """The level of each reference's sequence at look k (k earlier checkpoints): alpha / (k^2 (k + 1))."""
+    k = np.asarray(k, dtype=float)
+    return alpha / (k * k * (k + 1.0))
+
+
+# --------------------------------------------------------------------------- 4. the detector
+
+
+class Verdict(enum.StrEnum):
+    """What the rule says at a checkpoint: stop the run; continue; or continue, but the point estimate shows a
+    decline beyond the margin that the sequence cannot yet tell from noise (the gate may score more prompts for
+    the two checkpoints in question, `monitor.pair`, and ask again with `recheck`)."""
+
+    STOP = "stop"
+    CONTINUE = "continue"
+    EXTEND = "extend"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The current checkpoint against one earlier one: d = current - reference on their common prompts."""
+
+    reference_step: float
+    step: float
+    n: int
+    mean: float
+    sd: float
+    lower: float
+    upper: float
+    alpha: float
+
+
+class PairedMonitor(Monitor):
+    """One run's state: every checkpoint's per-prompt scores so far (NaN where a prompt was not scored)."""
+
+    __slots__ = ("det", "steps", "prompts", "rows", "n_opt", "verdict", "comparisons", "kept_step", "pair")
+
+    def __init__(self, det: PairedStop):
+        self.det = det
+        self.steps: list[float] = []
+        self.prompts: dict[str, int] = {}  # prompt id -> column
+        self.rows: list[dict[int, float]] = []  # per checkpoint: column -> score
+        self.n_opt = float(det.prompts_opt) if det.prompts_opt else math.nan
+        self.verdict = Verdict.CONTINUE
+        self.comparisons: list[Comparison] = []
+        self.kept_step = math.nan  # the checkpoint to keep once stopped
+        self.pair: tuple[float, float] | None = None  # (reference step, current step) when EXTEND
+
+    # ---- feeding scores
+    def observe(self, cp: Checkpoint, scores: Mapping[str, float] | None = None) -> bool:
+        """Record checkpoint `cp` with its per-prompt scores (prompt id -> score, higher is better) and decide.
+        A checkpoint without per-prompt scores is no evidence: the rule never stops on means alone."""
+        if scores is None:
+            self.verdict, self.comparisons, self.pair = Verdict.CONTINUE, [], None
+            return False
+        return self.observe_scores(cp.step, scores)
+
+    def observe_scores(self, step: float, scores: Mapping[str, float]) -> bool:
+        """`observe` without a Checkpoint: a new checkpoint at `step` (after every earlier one)."""
+        if self.steps and not step > self.steps[-1]:
+            raise ValueError(f"paired rule: step {step:g} is not after the last checkpoint ({self.steps[-1]:g})")
+        self.steps.append(float(step))
+        self.rows.append({})
+        self._add(len(self.steps) - 1, scores)
+        if self.n_opt != self.n_opt:  # the gate's prompt count, fixed by design before any score: where to be tight
+            self.n_opt = float(max(len(self.rows[0]), self.det.min_prompts))
+        return self.decide()
+
+    def add_scores(self, step: float, scores: Mapping[str, float]) -> None:
+        """More prompts for an already observed checkpoint (the gate scored the next prompts of its pool for the
+        two checkpoints in question); call `recheck` after adding them to both."""
+        try:
+            i = self.steps.index(float(step))
+        except ValueError:
+            raise ValueError(f"paired rule: step {step:g} was never observed") from None
+        self._add(i, scores)
+
+    def recheck(self) -> bool:
+        """Decide again at the current checkpoint with every score added since (same levels: the sequence holds
+        at every number of prompts)."""
+        return self.decide()
+
+    def _add(self, i: int, scores: Mapping[str, float]) -> None:
+        row = self.rows[i]
+        for pid, value in scores.items():
+            v = float(value)
+            if v != v:
+                continue  # not scored
+            if not math.isfinite(v):
+                raise ValueError(f"paired rule: step {self.steps[i]:g} prompt '{pid}': score {v} is not finite")
+            col = self.prompts.setdefault(str(pid), len(self.prompts))
+            if col in row and row[col] != v:
+                raise ValueError(f"paired rule: step {self.steps[i]:g} prompt '{pid}' was already scored "
+                                 f"({row[col]:g}, now {v:g})")
+            row[col] = v
+
+    # ---- the decision
+    def decide(self) -> bool:
+        """Compare the current checkpoint with every earlier one; True (and verdict STOP) when some comparison's
+        sequence lies wholly below -margin."""
+        k = len(self.steps) - 1
+        self.comparisons, self.pair = [], None
+        if k < 1:
+            self.verdict = Verdict.CONTINUE
+            return False
+        det = self.det
+        width = len(self.prompts)
+        y = np.full((k + 1, width), np.nan)
+        for i, row in enumerate(self.rows):
+            if row:
+                y[i, list(row)] = list(row.values())
+        d = y[k] - y[:k]  # current - reference, per prompt; NaN where either was not scored
+        seen = ~np.isnan(d)
+        n = seen.sum(axis=1)
+        d0 = np.where(seen, d, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = d0.sum(axis=1) / n
+            sd = np.sqrt(np.where(seen, (d - mean[:, None]) ** 2, 0.0).sum(axis=1) / (n - 1))
+        a = pair_alpha(det.alpha, k)
+        radius = cs_radius(np.maximum(n, 1), sd, a, mixture_r(self.n_opt, a))
+        judged = n >= det.min_prompts
+        upper, lower = mean + radius, mean - radius
+        self.comparisons = [Comparison(self.steps[j], self.steps[k], int(n[j]), float(mean[j]), float(sd[j]),
+                                       float(lower[j]), float(upper[j]), float(a)) for j in np.flatnonzero(judged)]
+        if not judged.any():
+            self.verdict = Verdict.CONTINUE
+            return False
+        up = np.where(judged, upper, np.inf)
+        if (up < -det.margin).any():
+            # keep the checkpoint the evidence favours: the one the current checkpoint is furthest below on their
+            # common prompts (the best so far on these prompts)
+            self.kept_step = self.steps[int(np.argmin(np.where(judged, mean, np.inf)))]
+            self.verdict = Verdict.STOP
+            return True
+        closest = int(np.argmin(up))
+        if mean[closest] < -det.margin:
+            self.verdict = Verdict.EXTEND
+            self.pair = (self.steps[closest], self.steps[k])
+        else:
+            self.verdict = Verdict.CONTINUE
+        return False
+
+    def wants_more_evidence(self) -> bool:
+        """Undecided, and the point estimate says decline beyond the margin (verdict EXTEND): more prompts for
+        `pair` could settle it."""
+        return self.verdict is Verdict.EXTEND
+
+
+class PairedStop(Detector):
+    """Stop a run when a confidence sequence on the paired per-prompt difference between its current checkpoint
+    and an earlier one shows a decline beyond `margin`; keep the earlier checkpoint the current one is furthest
+    below. `alpha` bounds the probability that a healthy run (no checkpoint worse than an earlier one by more than
+    `margin`) is ever stopped, over all its checkpoints, every candidate reference (the best so far is chosen by
+    peeking at the same scores: every earlier checkpoint is a candidate and is paid for by a union bound, spending
+    alpha / (k (k + 1)) at the k-th look, split over its k references) and any number of extra prompts. `margin` is
+    in the score's units. A pair is judged once it shares `min_prompts` prompts (the sequence plugs in the sample
+    SD, valid as the prompt count grows); `prompts_opt` is where the sequence is tightest (default: the first
+    checkpoint's prompt count, the gate's design).
+
+    Needs per-prompt scores (`monitor.observe(cp, scores)`, or `rlhfops detect --prompts`): on means alone it
+    never stops. The math is in this module's comments, top to bottom."""
+
+    name = "paired"
+    title = "Paired"
+    needs = ("prompt_scores",)
+
+    def __init__(self, alpha: float = 0.02, margin: float = 0.0, min_prompts: int = 10, prompts_opt: int = 0):
+        if not 0.0 < alpha < 1.0:
+            raise ValueError("paired: alpha must be in (0, 1)")
+        if not (math.isfinite(margin) and margin >= 0.0):
+            raise ValueError("paired: margin must be a finite number >= 0 (in the score's units)")
+        if min_prompts < 2 or prompts_opt < 0:
+            raise ValueError("paired: need min_prompts >= 2 and prompts_opt >= 0 (0: the first checkpoint's count)")
+        self.alpha, self.margin = float(alpha), float(margin)
+        self.min_prompts, self.prompts_opt = int(min_prompts), int(prompts_opt)
+
+    def start(self) -> PairedMonitor:
+        return PairedMonitor(self)
+
+    def params(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "margin": self.margin, "min_prompts": self.min_prompts,
+                "prompts_opt": self.prompts_opt}
+
+    # ------------------------------------------------------------------- 5. many runs at once
+    def scan_scores(self, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The monitor's decisions over many runs with complete records, vectorised over runs:
+        `scores[runs, checkpoints, prompts]` (higher is better, no NaN). Returns per run the index of the checkpoint
+        where the rule stops (-1: never) and the index of the checkpoint it keeps (-1 when not stopped).
+
+        Per look k it needs, for every earlier checkpoint s, the mean and SD of y_k - y_s over prompts: the mean is
+        m_k - m_s (checkpoint means) and the sum of squared deviations is C_kk + C_ss - 2 C_ks, C the prompts'
+        centred cross-product matrix of the run's checkpoints (one batched matrix product for every look)."""
+        y = np.asarray(scores, dtype=float)
+        if y.ndim != 3 or not np.isfinite(y).all():
+            raise ValueError("scan_scores: need a finite array [runs, checkpoints, prompts]")
+        runs, steps, p = y.shape
+        stop = np.full(runs, -1, dtype=np.int64)
+        kept = np.full(runs, -1, dtype=np.int64)
+        if p < self.min_prompts or steps < 2:
+            return stop, kept
+        m = y.mean(axis=2)
+        yc = y - m[:, :, None]
+        c = np.einsum("rsp,rtp->rst", yc, yc)
+        diag = np.einsum("rss->rs", c)
+        n_opt = float(self.prompts_opt or max(p, self.min_prompts))
+        for k in range(1, steps):
+            live = stop < 0
+            if not live.any():
+                break
+            mean = m[live, k, None] - m[live, :k]
+            ss = np.maximum(diag[live, k, None] + diag[live, :k] - 2.0 * c[live, k, :k], 0.0)
+            sd = np.sqrt(ss / (p - 1))
+            a = float(pair_alpha(self.alpha, k))
+            upper = mean + cs_radius(p, sd, a, mixture_r(n_opt, a))
+            fired = (upper < -self.margin).any(axis=1)
+            idx = np.flatnonzero(live)[fired]
+            stop[idx] = k
+            kept[idx] = np.argmin(mean[fired], axis=1)
+        return stop, kept
+
+
+# --------------------------------------------------------------------------- 6. verdicts for `detect --prompts`
+
+
+def paired_verdicts(det: PairedStop, runs: list, records: Mapping[str, tuple[np.ndarray, list[str], np.ndarray]]):
+    """Replay each run (`eval.traces.Run`) through a fresh monitor fed its per-prompt scores (`records`: run id ->
+    `eval.prompt_records.paired_matrix`, in the run's higher-is-better units): the verdicts CSV of `rlhfops detect`,
+    the kept checkpoint being the monitor's (the best checkpoint by eval when not stopped), and the usefulness
+    columns of `eval.traces.usefulness`."""
+    import pandas as pd
+
+    from eval.traces import usefulness
+
+    rows = []
+    for run in runs:
+        steps, prompts, scores = records[run.run_id]
+        by_step = {float(s): i for i, s in enumerate(steps)}
+        monitor = det.start()
+        best_i, best, stop_i, kept_i = -1, -math.inf, None, -1
+        for i, cp in enumerate(run.checkpoints):
+            if cp.eval_score == cp.eval_score and cp.eval_score > best:
+                best_i, best = i, cp.eval_score
+            j = by_step.get(float(cp.step))
+            if j is None:
+                continue
+            if monitor.observe(cp, dict(zip(prompts, scores[j], strict=True))):
+                stop_i = i
+                kept_i = int(np.searchsorted(run.steps, monitor.kept_step))
+                break
+        if stop_i is None:
+            kept_i = best_i
+        end = stop_i if stop_i is not None else len(run.checkpoints) - 1
+        row = {
+            "run_id": run.run_id,
+            "stopped": int(stop_i is not None),
+            "stop_step": run.steps[stop_i] if stop_i is not None else math.nan,
+            "best_step": run.steps[kept_i] if kept_i >= 0 else math.nan,
+            "best_eval_score": run.sign * run.checkpoints[kept_i].eval_score if kept_i >= 0 else math.nan,
+            "final_eval_score": run.sign * run.checkpoints[end].eval_score,
+        }
+        if run.label is not None:
+            row["label"] = run.label
+        row.update(usefulness(run, stop_i, kept_i))
+        rows.append(row)
+    return pd.DataFrame(rows)

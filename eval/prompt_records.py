@@ -1,0 +1,165 @@
+"""Per-prompt gate records: what the eval gate scored on each held-out prompt at each checkpoint.
+
+A prompts CSV has one row per run, checkpoint and prompt, long format, rows in any order:
+
+    run_id, step, prompt_id, gold_score [, seed, proxy_score, response_len]
+
+- `run_id`, `prompt_id`: any non-empty string; the same prompt id means the same held-out prompt at every step.
+- `step`: the checkpoint's training step (finite, >= 0); it matches the run's steps in the trace.
+- `gold_score`: the gate's score of this checkpoint's response to this prompt, higher is better (a trace that
+  declares `direction` lower flips it, like `eval_score`); finite.
+- optional `seed` (the sampling seed the prompt was answered with: the same for a prompt at every checkpoint is
+  what makes two checkpoints' scores comparable prompt by prompt), `proxy_score`, `response_len` (>= 0): finite
+  where given, an empty cell is "not recorded".
+
+Every step of a run carries the same prompts: a paired comparison of two checkpoints is only paired on prompts
+both were scored on, so a step that lacks a prompt its run's other steps have is a broken export, refused with
+the run, step and prompt named (as is a repeated (run, step, prompt) row, a non-numeric or non-finite score and a
+missing column). `load_prompt_records(path, complete=False)` accepts runs whose steps were scored on different
+prompts (a gate that scored more prompts for two checkpoints whose comparison was close): `paired_matrix` then
+holds NaN where a checkpoint has no score and the rule pairs each two checkpoints on the prompts both have.
+
+Plain Python + numpy/pandas: no Prefect or MLflow here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from common.errors import BadInput
+
+REQUIRED = ("run_id", "step", "prompt_id", "gold_score")
+OPTIONAL = ("seed", "proxy_score", "response_len")
+#: largest magnitude a score may hold (as for traces: beyond it a value is an export bug, not a measurement)
+MAX_ABS = 1e12
+
+
+def load_prompt_records(path: str | Path, complete: bool = True) -> pd.DataFrame:
+    """Read and validate a prompts CSV; rows sorted by (run_id, step, prompt_id), `step` and the scores as floats,
+    ids as strings. Raises `BadInput`, one line naming the file, line, run, step, prompt and column, for a
+    missing column, an empty id, a non-numeric or non-finite value, a repeated (run, step, prompt) and (with
+    `complete`) a step that lacks a prompt its run's other steps have."""
+    path = Path(path)
+    where = f"prompts '{path}'"
+    if not path.is_file():
+        raise BadInput(f"{where}: no such file")
+    try:
+        df = pd.read_csv(path, dtype={"run_id": str, "prompt_id": str}, keep_default_na=False, na_values=[""])
+    except UnicodeDecodeError as err:
+        raise BadInput(f"{where}: not UTF-8 text (byte 0x{err.object[err.start]:02x}; save the file as UTF-8)") \
+            from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise BadInput(f"{where}: not a readable CSV ({str(err).splitlines()[0]})") from None
+    df.columns = [str(c).strip() for c in df.columns]
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise BadInput(f"{where}: missing required column(s) {', '.join(missing)} "
+                       f"(need {', '.join(REQUIRED)}; found: {', '.join(df.columns)})")
+    if df.empty:
+        raise BadInput(f"{where}: no rows")
+    for col in ("run_id", "prompt_id"):
+        empty = df[col].isna().to_numpy()
+        if empty.any():
+            raise BadInput(f"{where}: column '{col}' is empty on line {int(np.flatnonzero(empty)[0]) + 2}")
+        df[col] = df[col].astype(str).str.strip()
+    for col in ("step", "gold_score", *[c for c in OPTIONAL if c in df.columns]):
+        df[col] = _numeric(df, col, where, required=col in REQUIRED)
+    dup = df.duplicated(["run_id", "step", "prompt_id"])
+    if dup.any():
+        i = int(np.flatnonzero(dup.to_numpy())[0])
+        raise BadInput(f"{where}: line {i + 2}: run '{df['run_id'].iloc[i]}' step {df['step'].iloc[i]:g} repeats "
+                       f"prompt '{df['prompt_id'].iloc[i]}' (one row per run, step and prompt)")
+    if complete:
+        _check_complete(df, where)
+    return df.sort_values(["run_id", "step", "prompt_id"], kind="stable").reset_index(drop=True)
+
+
+def _numeric(df: pd.DataFrame, col: str, where: str, required: bool) -> pd.Series:
+    """`df[col]` as floats, or BadInput naming the first bad cell (line, run, step, prompt, column)."""
+    raw = df[col]
+    values = pd.to_numeric(raw, errors="coerce").astype(float)
+    arr = values.to_numpy()
+    empty = raw.isna().to_numpy()
+    low = 0.0 if col in ("step", "response_len") else -MAX_ABS
+    high = 2.0**53 if col == "step" else MAX_ABS
+    with np.errstate(invalid="ignore"):
+        bad = (~empty & ~np.isfinite(arr)) | (np.isfinite(arr) & ((arr < low) | (arr > high)))
+    if required:
+        bad |= empty
+    if not bad.any():
+        return values
+    i = int(np.flatnonzero(bad)[0])
+    cell = raw.iloc[i]
+    at = (f"{where}: column '{col}' line {i + 2} (run '{df['run_id'].iloc[i]}', step {df['step'].iloc[i]}, "
+          f"prompt '{df['prompt_id'].iloc[i]}'):")
+    if empty[i]:
+        problem = "is empty; every row needs one"
+    elif np.isnan(arr[i]):
+        problem = f"'{cell}' is not a number"
+    elif not np.isfinite(arr[i]):
+        problem = f"{cell} is not a finite number (fix the export)"
+    else:
+        problem = f"{arr[i]:g} is outside [{low:g}, {high:g}] (fix the export or rescale the column)"
+    raise BadInput(f"{at} {problem}")
+
+
+def _check_complete(df: pd.DataFrame, where: str) -> None:
+    """Every step of a run has every prompt its run has at any step: name the first step that lacks one."""
+    for run_id, g in df.groupby("run_id", sort=True):
+        prompts = set(g["prompt_id"])
+        per_step = g.groupby("step")["prompt_id"].agg(set)
+        for step, have in per_step.items():
+            lacking = prompts - have
+            if lacking:
+                other = g.loc[g["prompt_id"] == min(lacking), "step"].iloc[0]
+                raise BadInput(f"{where}: run '{run_id}' step {step:g} lacks prompt '{min(lacking)}' (scored at "
+                               f"step {other:g}; {len(lacking)} prompt(s) missing at this step): every step of a "
+                               "run needs the same prompts")
+
+
+def paired_matrix(df_one_run: pd.DataFrame, column: str = "gold_score") -> tuple[np.ndarray, list[str], np.ndarray]:
+    """One run's records as (steps ascending, prompt ids, scores[n_steps, n_prompts]); NaN where a step has no
+    score for a prompt (only in files loaded with complete=False). Prompt ids are sorted (the pool order the
+    gate scores prompts in is part of its prompt ids: zero-padded ids sort in that order)."""
+    if df_one_run["run_id"].nunique() > 1:
+        raise ValueError("paired_matrix: give the rows of one run (found runs "
+                         f"{', '.join(map(str, df_one_run['run_id'].unique()[:3]))}, ...)")
+    table = df_one_run.pivot(index="step", columns="prompt_id", values=column).sort_index()
+    table = table.reindex(columns=sorted(table.columns))
+    return table.index.to_numpy(dtype=float), [str(c) for c in table.columns], table.to_numpy(dtype=float)
+
+
+def records_by_run(df: pd.DataFrame, sign: dict[str, float] | None = None
+                   ) -> dict[str, tuple[np.ndarray, list[str], np.ndarray]]:
+    """`paired_matrix` of every run, scores multiplied by the run's sign (+1 higher is better, -1 lower)."""
+    out = {}
+    for run_id, g in df.groupby("run_id", sort=True):
+        steps, prompts, scores = paired_matrix(g)
+        out[str(run_id)] = (steps, prompts, scores * (sign or {}).get(str(run_id), 1.0))
+    return out
+
+
+def check_against_trace(records: dict[str, tuple[np.ndarray, list[str], np.ndarray]], trace_steps: dict[str,
+                        np.ndarray], trace_evals: dict[str, np.ndarray], source: str) -> None:
+    """Refuse (BadInput naming run and step) records whose runs or steps the trace lacks, and trace checkpoints
+    with an eval score but no per-prompt records."""
+    for run_id in records:
+        if run_id not in trace_steps:
+            raise BadInput(f"prompts '{source}': run '{run_id}' is not in the trace")
+    for run_id, steps in trace_steps.items():
+        if run_id not in records:
+            raise BadInput(f"prompts '{source}': no records for run '{run_id}' of the trace (every run needs its "
+                           "per-prompt scores)")
+        have = set(records[run_id][0].tolist())
+        known = set(np.asarray(steps, dtype=float).tolist())
+        extra = sorted(have - known)
+        if extra:
+            raise BadInput(f"prompts '{source}': run '{run_id}' step {extra[0]:g} is not a step of the trace")
+        evals = trace_evals[run_id]
+        for s, e in zip(steps, evals, strict=True):
+            if e == e and float(s) not in have:
+                raise BadInput(f"prompts '{source}': run '{run_id}' step {float(s):g} has an eval_score in the trace "
+                               "but no per-prompt records")
