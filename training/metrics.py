@@ -49,6 +49,19 @@ class StepRecord:
     # decode steps the rollout took (the straggler cost inter-step overlap removes)
     staleness_mean: float = NAN
     decode_steps: int = 0
+    # off-policy view of the trained tokens (training/ppo.py, "off-policy correction"): the largest version lag,
+    # the share of tokens sampled by an older policy, and the importance weights pi_prox/pi_behav before any
+    # cap (normalised effective sample size (sum w)^2 / (n sum w^2) in (0, 1], mean, max); tokens masked by
+    # `oppo.max_staleness` are left out
+    staleness_max: float = NAN
+    stale_frac: float = NAN
+    is_ess: float = NAN
+    is_weight_mean: float = NAN
+    is_weight_max: float = NAN
+    # response length (tokens) of the trained samples that were carried over from an earlier step and of
+    # those begun and finished in this step (NaN when a group is empty): the carried-vs-fresh length drift
+    len_carried_mean: float = NAN
+    len_fresh_mean: float = NAN
 
     def flat(self) -> dict[str, float]:
         """One flat dict of numbers (phase times as `phase_<name>_s`) for CSV rows and metric loggers."""

@@ -109,3 +109,71 @@ def group_advantages(rewards: torch.Tensor, group_size: int, kind: str) -> torch
     else:
         raise ValueError(f"unknown advantage kind {kind!r}")
     return adv.reshape(-1)
+
+
+# ---- off-policy correction for carried tokens (inter-step overlap) -------------------------------------
+#
+# Three policies meet in one update once responses are carried across steps:
+#   pi_behav: the policy that sampled token t (an older version for a carried token),
+#   pi_prox:  the policy at the start of this update (the "proximal" policy; a fresh token's pi_behav),
+#   pi_theta: the policy being optimised.
+# The clipped surrogate assumes tokens were sampled from the policy its ratio is taken against. For a carried
+# token they were sampled from pi_behav, so the expectation needs the importance weight pi_prox / pi_behav.
+# Unbounded weights have unbounded variance, hence a cap C. Where the ratio is centred and what the cap does
+# are the two choices:
+#   "tis" (token-level truncated importance sampling, as verl's rollout correction and Yao et al. 2025):
+#         L_t = min(pi_old / pi_behav, C) * clipped_surrogate(pi_theta / pi_old),   pi_old = pi_prox here;
+#         a token above the cap keeps weight C (biased, bounded variance).
+#   "decoupled" (AReaL, Fu et al. 2025, Eq. 5; its `behav_imp_weight_cap`):
+#         L_t = (pi_prox / pi_behav) * clipped_surrogate(pi_theta / pi_prox);
+#         a token whose weight exceeds C is dropped from the loss (it would dominate the batch).
+# Both divide by the number of trained tokens, so with pi_behav == pi_prox (no staleness) the weights are 1
+# and both are exactly `policy_loss`.
+
+CORRECTIONS = ("none", "tis", "decoupled")
+
+
+def importance_weights(
+    prox_logprobs: torch.Tensor, behav_logprobs: torch.Tensor, mask: torch.Tensor, cap: float, correction: str
+) -> torch.Tensor:
+    """Per-token weights applied to the surrogate: "tis" min(w, cap), "decoupled" w where w <= cap else 0,
+    "none" 1; w = pi_prox / pi_behav. Zero on padding. No gradient flows through them (both inputs are data)."""
+    w = (prox_logprobs - behav_logprobs).detach().exp()
+    if correction == "tis":
+        w = w.clamp(max=cap)
+    elif correction == "decoupled":
+        w = torch.where(w <= cap, w, torch.zeros_like(w))
+    elif correction == "none":
+        w = torch.ones_like(w)
+    else:
+        raise ValueError(f"unknown correction {correction!r} (choose from: {', '.join(CORRECTIONS)})")
+    return w * mask
+
+
+def effective_sample_size(weights: torch.Tensor, mask: torch.Tensor) -> float:
+    """Normalised ESS of importance weights over the masked tokens: (sum w)^2 / (n * sum w^2), in (0, 1];
+    1 when every weight is equal (on-policy), 1/n when one token carries all the weight. NaN with no tokens."""
+    w = weights[mask.bool()].double()
+    if w.numel() == 0 or float((w * w).sum()) == 0.0:
+        return float("nan")
+    return float(w.sum() ** 2 / (w.numel() * (w * w).sum()))
+
+
+def corrected_policy_loss(
+    logprobs: torch.Tensor, prox_logprobs: torch.Tensor, behav_logprobs: torch.Tensor, advantages: torch.Tensor,
+    mask: torch.Tensor, clip: float, cap: float, correction: str,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped surrogate against pi_prox, each token weighted by `importance_weights` (see above)."""
+    logratio = logprobs - prox_logprobs
+    ratio = logratio.exp()
+    pg1 = -advantages * ratio
+    pg2 = -advantages * ratio.clamp(1.0 - clip, 1.0 + clip)
+    weights = importance_weights(prox_logprobs, behav_logprobs, mask, cap, correction)
+    # token-level mean over the trained tokens, not over sum(w): weights of 1 give back `policy_loss`
+    loss = masked_mean(weights * torch.maximum(pg1, pg2), mask)
+    with torch.no_grad():
+        stats = {
+            "clip_frac": masked_mean((pg2 > pg1).float(), mask),
+            "approx_kl": masked_mean((ratio - 1) - logratio, mask),
+        }
+    return loss, stats

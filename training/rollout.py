@@ -37,6 +37,8 @@ class Sequence:
     enqueued_step: int
     response_ids: list[int] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # policy version that generated each token
+    #: log pi_behav(token) under the weights that sampled it (the off-policy correction's denominator)
+    behav_logprobs: list[float] = field(default_factory=list)
     finished: bool = False
     truncated: bool = False
 
@@ -46,10 +48,14 @@ class Sample:
     """A finished sequence with everything PPO needs (token-aligned tensors of length T)."""
 
     seq: Sequence
+    #: log pi(token) under the engine's weights at the start of this step: a carried token is re-prefilled,
+    #: so this is the proximal policy's log-prob, not the one it was sampled with (`behav_logprobs`)
     old_logprobs: torch.Tensor
     ref_logprobs: torch.Tensor
     values: torch.Tensor | None
     score: float
+    #: log pi_behav(token) as sampled (equal to `old_logprobs` for tokens generated in this step)
+    behav_logprobs: torch.Tensor | None = None
 
 
 @dataclass
@@ -162,6 +168,7 @@ def rollout(
     actor_lp_t = torch.cat(actor_lp, 1)
     new_tokens = ids[:, width:]
     new_mask = attn[:, width:]
+    new_lp = actor_lp_t[:, width:]
     final_done = engine.done.clone()
 
     # Which units train: the first `units_needed` to finish (ties broken by row order).
@@ -182,6 +189,7 @@ def rollout(
         toks = new_tokens[i][m].tolist()
         s.response_ids += toks
         s.versions += [engine.version] * len(toks)
+        s.behav_logprobs += new_lp[i][m].tolist()
         if bool(final_done[i]) and not s.finished:
             s.finished = True
             s.truncated = not s.response_ids or s.response_ids[-1] != getattr(engine, "eos_id", -1)
@@ -213,6 +221,7 @@ def rollout(
             ref_logprobs=outs["ref"][k, cols],
             values=outs["critic"][k, cols] if "critic" in outs else None,
             score=float(outs["reward"][k, last]),
+            behav_logprobs=_behav(seqs[i], sel_lp[k, cols]),
         ))
     chosen_rows = set(rows)
     deferred = [s for i, s in enumerate(seqs) if i not in chosen_rows]
@@ -220,3 +229,11 @@ def rollout(
         samples=samples, deferred=deferred, tokens_generated=int(new_mask.sum()),
         decode_s=t1 - t0, score_s=t2 - t1, decode_steps=col,
     )
+
+
+def _behav(seq: Sequence, old_logprobs: torch.Tensor) -> torch.Tensor:
+    """The sampled log-probs of a finished sequence; a sequence restored from a checkpoint written before they
+    were recorded has none, and falls back to the re-prefilled ones (no correction for it)."""
+    if len(seq.behav_logprobs) != len(seq.response_ids):
+        return old_logprobs.clone()
+    return torch.tensor(seq.behav_logprobs, dtype=old_logprobs.dtype)

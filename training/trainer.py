@@ -24,6 +24,11 @@ Fault injection for the health canaries (`fault:` block of the config; active fr
 - `lr_spike`: actor and critic learning rates are multiplied by `fault.factor`.
 - `gameable_reward`: the proxy score gets `fault.bonus` per occurrence of `fault.trigger` in the
   response, which the gold scorer does not value: fast reward hacking.
+- `behaviour_mismatch`: the engine samples at `fault.factor` times the configured temperature while the
+  trainer assumes the configured one (an inference/training mismatch): the importance weights
+  pi_prox/pi_behav spread and their effective sample size falls.
+- `duplicated_carry`: a response carried to the next step has its tokens so far appended twice (a broken
+  resume path), so carried samples grow longer than fresh ones.
 Plain knobs do the rest: `ppo.kl_coef` small (see configs/ppo-hack.yaml) for over-optimisation,
 `ppo.actor_lr` for an oversized learning rate.
 """
@@ -180,7 +185,32 @@ class Trainer:
             self.engine.sync(self.frozen_actor, self.frozen_version)
         else:
             self.engine.sync(self.actor, self.step)
+        if hasattr(self.engine, "temperature"):  # behaviour_mismatch: the engine samples at another temperature
+            mult = self.cfg.fault.factor if self._fault_active("behaviour_mismatch") else 1.0
+            self.engine.temperature = self.cfg.ppo.temperature * mult
         return time.perf_counter() - t
+
+    def _engine_is_actor(self) -> bool:
+        """Whether the rollout's log-probs are the actor's at the start of this step (the proximal policy's):
+        the engine holds the actor itself at the trainer's temperature. Otherwise (a frozen sync, a
+        temperature mismatch, an out-of-process engine) they are recomputed."""
+        return (getattr(self.engine, "model", None) is self.actor
+                and getattr(self.engine, "temperature", None) == self.cfg.ppo.temperature)
+
+    @torch.no_grad()
+    def _proximal_logprobs(self, samples: list[Sample], T: int) -> torch.Tensor:
+        """log pi_prox(token) for every trained token: one forward of the actor as it stands before the update."""
+        out = torch.zeros(len(samples), T)
+        for micro in _micro_batches(list(range(len(samples))), samples):
+            ids, attn, p_w, t_w = self._pack(micro, samples)
+            pos = (attn.cumsum(1) - 1).clamp(min=0)
+            logits = self.actor(input_ids=ids, attention_mask=attn, position_ids=pos).logits
+            logits = logits[:, p_w - 1 : p_w - 1 + t_w] / self.cfg.ppo.temperature
+            lp = torch.log_softmax(logits, -1).gather(-1, ids[:, p_w:, None]).squeeze(-1)
+            for r, i in enumerate(micro):
+                L = len(samples[i].seq.response_ids)
+                out[i, :L] = lp[r, :L]
+        return out
 
     def _score(self, sample: Sample) -> float:
         score = sample.score
@@ -233,12 +263,20 @@ class Trainer:
         if self.stream:
             self.tuner.report(chunk, out.decode_s + out.score_s, out.tokens_generated)
         self.buffer = out.deferred
+        if self._fault_active("duplicated_carry"):
+            for s in self.buffer:  # the carried tokens appended twice, within the length budget
+                keep = max(len(s.response_ids), min(2 * len(s.response_ids), cfg.ppo.max_new_tokens - 1))
+                s.response_ids = (s.response_ids * 2)[:keep]
+                s.versions = (s.versions * 2)[:keep]
+                s.behav_logprobs = (s.behav_logprobs * 2)[:keep]
         samples = out.samples
         if self.grouped:  # keep group members adjacent for group advantages
             samples = sorted(samples, key=lambda s: (s.seq.group, s.seq.uid))
         for s in samples:
             self.deferral_counts[self.step - s.seq.enqueued_step] += 1
         self.last_response_lengths = [len(s.seq.response_ids) for s in samples]
+        carried = [len(s.seq.response_ids) for s in samples if s.seq.enqueued_step < self.step]
+        fresh = [len(s.seq.response_ids) for s in samples if s.seq.enqueued_step >= self.step]
 
         t = time.perf_counter()
         stats = self._ppo_update(samples)
@@ -258,6 +296,8 @@ class Trainer:
         record.chunk_size = chunk if self.stream else 0
         record.deferred = len(self.buffer)
         record.decode_steps = out.decode_steps
+        record.len_carried_mean = float(np.mean(carried)) if carried else NAN
+        record.len_fresh_mean = float(np.mean(fresh)) if fresh else NAN
         if self.step % cfg.eval_every == 0:
             t = time.perf_counter()
             ev = gold_eval(self.actor, self.prompts.heldout[: cfg.eval_prompts], self.cfg, tok=self.tok,
@@ -278,10 +318,12 @@ class Trainer:
         mask = torch.zeros(n, T)
         old_lp, ref_lp, values = torch.zeros(n, T), torch.zeros(n, T), torch.zeros(n, T)
         versions = torch.zeros(n, T, dtype=torch.long)
+        behav_lp = torch.zeros(n, T)
         for i, s in enumerate(samples):
             L = len(s.seq.response_ids)
             mask[i, :L] = 1
             old_lp[i, :L], ref_lp[i, :L] = s.old_logprobs, s.ref_logprobs
+            behav_lp[i, :L] = s.behav_logprobs if s.behav_logprobs is not None else s.old_logprobs
             if s.values is not None:
                 values[i, :L] = s.values
             versions[i, :L] = torch.tensor(s.seq.versions)
@@ -300,6 +342,10 @@ class Trainer:
         staleness = (self.step - versions).float()
         if self.cfg.oppo.max_staleness is not None:
             train_mask = train_mask * (staleness <= self.cfg.oppo.max_staleness).float()
+        # off-policy correction (training/ppo.py): pi_prox is the actor before this update
+        correction, is_cap = self.cfg.oppo.correction, self.cfg.oppo.is_cap
+        prox_lp = old_lp if self._engine_is_actor() else self._proximal_logprobs(samples, T)
+        raw_w = (prox_lp - behav_lp).exp() * train_mask  # before any cap: how off-policy the batch is
         lr_mult = self.cfg.fault.factor if self._fault_active("lr_spike") else 1.0
         for group in self.actor_opt.param_groups:
             group["lr"] = cfg.actor_lr * lr_mult
@@ -328,7 +374,12 @@ class Trainer:
                     logits = self.actor(input_ids=ids, attention_mask=attn, position_ids=pos).logits
                     logits = logits[:, p_w - 1 : p_w - 1 + t_w] / cfg.temperature
                     lp = torch.log_softmax(logits, -1).gather(-1, ids[:, p_w:, None]).squeeze(-1)
-                    pg_loss, st = P.policy_loss(lp, old_lp[micro, :t_w], adv[micro, :t_w], tmask, cfg.cliprange)
+                    if correction == "none":
+                        pg_loss, st = P.policy_loss(lp, old_lp[micro, :t_w], adv[micro, :t_w], tmask, cfg.cliprange)
+                    else:
+                        pg_loss, st = P.corrected_policy_loss(lp, prox_lp[micro, :t_w], behav_lp[micro, :t_w],
+                                                              adv[micro, :t_w], tmask, cfg.cliprange, is_cap,
+                                                              correction)
                     ent = P.masked_mean(P.entropy_from_logits(logits.detach()), tmask)
                     loss = pg_loss
                     if cfg.ent_coef:
@@ -365,6 +416,13 @@ class Trainer:
             P.masked_mean(rewards.sum(1, keepdim=True).expand_as(mask), mask))
         out["tokens_trained"] = int(train_mask.sum())
         out["staleness_mean"] = float(P.masked_mean(staleness, mask))
+        trained = train_mask.bool()
+        if trained.any():
+            out["staleness_max"] = float(staleness[trained].max())
+            out["stale_frac"] = float((staleness[trained] > 0).float().mean())
+            out["is_ess"] = P.effective_sample_size(raw_w, train_mask)
+            out["is_weight_mean"] = float(raw_w[trained].mean())
+            out["is_weight_max"] = float(raw_w[trained].max())
         out["scores"] = scores.tolist()
         return out
 
