@@ -31,6 +31,7 @@ with any storage and from any process, as Optuna requires. No Prefect, MLflow or
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import optuna
@@ -54,22 +55,30 @@ def _f(x: Any) -> float:
 
 
 def report_checkpoint(trial: optuna.Trial, step: int, score: float, *, se: float = NAN, reward: float = NAN,
-                      series: int = 0) -> float:
+                      series: int = 0, prompts: Mapping[Any, float] | None = None) -> float:
     """Record one checkpoint of `trial` (the held-out `score`, its standard error `se`, the proxy `reward` at that
     step; `series` numbers independent curves within one trial, e.g. seeds trained one after another) and report the
-    best score so far (in the study's direction) as Optuna's intermediate value at `step`. Returns that best."""
+    best score so far (in the study's direction) as Optuna's intermediate value at `step`. Returns that best.
+
+    `prompts`: the checkpoint's per-prompt held-out scores, {prompt id: score}, sampled with the run's fixed
+    sampling seed (the gate's common random numbers); `eval.incumbent_pruner.IncumbentPruner` pairs them with the
+    incumbent trial's scores on the same prompts."""
     step = int(step)
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
-    trial.set_user_attr(f"{CKPT_PREFIX}{step:09d}",
-                        {"score": _f(score), "se": _f(se), "reward": _f(reward), "series": int(series)})
-    best = best_checkpoint_of(trial.study.direction, _series_of(trial.user_attrs), series)
+    attr: dict[str, Any] = {"score": _f(score), "se": _f(se), "reward": _f(reward), "series": int(series)}
+    if prompts:
+        attr["prompts"] = {str(k): _f(v) for k, v in prompts.items()}
+    trial.set_user_attr(f"{CKPT_PREFIX}{step:09d}", attr)
+    best = best_checkpoint_of(trial.study.direction, reported_checkpoints(trial.user_attrs), series)
     value = best[1] if best is not None else _f(score)
     trial.report(value, step)
     return value
 
 
-def _series_of(attrs: dict[str, Any]) -> list[tuple[int, dict[str, float]]]:
+def reported_checkpoints(attrs: Mapping[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """(step, checkpoint record) of everything `report_checkpoint` stored in a trial's user attributes, in step
+    order."""
     out = []
     for key, value in attrs.items():
         if key.startswith(CKPT_PREFIX) and isinstance(value, dict):
@@ -97,7 +106,7 @@ def best_checkpoint_of(direction: StudyDirection, checkpoints: list[tuple[int, d
 def best_value(trial: optuna.Trial | FrozenTrial) -> float:
     """The trial's best checkpoint score over everything it reported with `report_checkpoint` (NaN if nothing)."""
     direction = trial.study.direction if isinstance(trial, optuna.Trial) else StudyDirection.MAXIMIZE
-    best = best_checkpoint_of(direction, _series_of(trial.user_attrs))
+    best = best_checkpoint_of(direction, reported_checkpoints(trial.user_attrs))
     return best[1] if best is not None else NAN
 
 
@@ -130,7 +139,7 @@ class DetectorPruner(BasePruner):
 
     def checkpoints(self, trial: FrozenTrial) -> list[Checkpoint]:
         """What the detector sees of `trial`: its latest series' checkpoints in step order."""
-        raw = _series_of(trial.user_attrs)
+        raw = reported_checkpoints(trial.user_attrs)
         if raw:
             latest = int(raw[-1][1].get("series", 0))
             return [Checkpoint(step=float(step), eval_score=_f(c.get("score")), eval_se=_f(c.get("se")),
