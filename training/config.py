@@ -190,6 +190,12 @@ class TrainConfig(Strict):
     keep_checkpoints: int = Field(0, ge=0, description="0 keeps every checkpoint")
     eval_every: int = Field(10, ge=1, description="steps between gold evaluations on held-out prompts")
     eval_prompts: int = Field(64, ge=1, le=1_000_000, description="held-out prompts per gold evaluation")
+    #: the gate's extension (training/gate.py): when a stop decision is close, the next batch of `eval_extra_batch`
+    #: held-out prompts (after the gate's own, in held-out order) is scored for the two checkpoints in question, up to
+    #: `eval_extra_budget` extra prompt evaluations per run (0: never extend)
+    eval_extra_batch: int = Field(32, ge=1, le=1_000_000, description="held-out prompts per gate extension")
+    eval_extra_budget: int = Field(0, ge=0, le=100_000_000,
+                                   description="extra prompt evaluations a run's gate may spend on close decisions")
     #: where base-policy and proxy-RM warm starts are cached (keyed by a hash of the config that made them)
     cache_dir: str = "runs/.cache"
 

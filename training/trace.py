@@ -4,6 +4,10 @@ Columns: run_id, step, eval_score, reward, loss, kl, entropy, grad_norm, respons
 One row per eval gate (the steps where the held-out gold evaluation ran): `eval_score` is the gold
 score there, the other columns are that step's training metrics. `label` (1 hacking, 0 healthy) is
 written when given, so real over-optimising and healthy runs can be replayed through the detectors.
+
+`export_prompt_records` exports the gate's per-prompt records beside it (a second CSV, `run_id, step, prompt_id,
+gold_score, seed, proxy_score, response_len`: the format `rlhfops detect --prompts` reads) from a run directory's
+`gate_records.csv` (training/gate.py).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from common.errors import BadInput
+from training.gate import read_records, write_records
 from training.metrics import StepRecord
 
 TRACE_COLUMNS = ("run_id", "step", "eval_score", "reward", "loss", "kl", "entropy", "grad_norm", "response_len",
@@ -57,3 +62,13 @@ def export_trace(source: str | Path | Iterable[StepRecord], out: str | Path, run
             w.writeheader()
         w.writerows(rows)
     return len(rows)
+
+
+def export_prompt_records(source: str | Path, out: str | Path, run_id: str, append: bool = False) -> int:
+    """Write (or append) one run's per-prompt gate records, from its `gate_records.csv`, under `run_id`. Returns
+    rows."""
+    source = Path(source)
+    if not source.is_file():
+        raise BadInput(f"gate records: '{source}' not found (a run directory's gate_records.csv)")
+    rows = [{**r, "run_id": run_id} for r in read_records(source)]
+    return write_records(out, rows, append=append)

@@ -1,0 +1,126 @@
+"""The eval gate's per-prompt records, sampled with common random numbers (CRN).
+
+The held-out pool is cut into fixed batches, in held-out order: batch 0 is the gate itself (the first
+`eval_prompts` prompts), batches 1, 2, ... are the extension batches (`eval_extra_batch` prompts each) that the gate
+scores only when a stop decision is close (`TrainConfig.eval_extra_budget`, see `Trainer.extend_gate`). Each batch
+is sampled with a seed fixed for the run (`batch_seed`), the same at every checkpoint. Why: the difference of two
+checkpoints on the same prompts *and the same sampling noise* cancels prompt difficulty and most of the sampling
+noise, so a paired per-prompt difference has a far smaller SE than the difference of two means. The batched sampler
+draws one-sample `torch.multinomial`, i.e. exponential noise per row and vocabulary entry at each decode step, from
+the batch's generator; with the same batch (same prompts, same order) row i gets the same noise at every checkpoint.
+The same checkpoint scored twice therefore gives identical records.
+
+A record is one prompt at one checkpoint: `PromptRecord` (prompt id = its index in the held-out list, the batch's
+sampling seed, gold score, proxy score as training sees it, response length in tokens). `GateRecordsCSV` writes them
+to `gate_records.csv` in the run directory, in the `eval.prompt_records` format (`run_id, step, prompt_id,
+gold_score, seed, proxy_score, response_len`).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+#: the file a run directory keeps its gate records in
+GATE_RECORDS = "gate_records.csv"
+#: columns of a gate-records CSV (the per-prompt records format `eval.prompt_records` reads)
+RECORD_COLUMNS = ("run_id", "step", "prompt_id", "gold_score", "seed", "proxy_score", "response_len")
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One held-out prompt scored at one checkpoint."""
+
+    prompt_id: int
+    seed: int
+    gold_score: float
+    proxy_score: float
+    response_len: int
+
+
+def batch_seed(run_seed: int, batch: int) -> int:
+    """The sampling seed of held-out batch `batch` in a run with seed `run_seed`: fixed for the run (the same at
+    every checkpoint), distinct from the trainer's own generators (`seed * 1000 + 1`, `+ 2`)."""
+    return (int(run_seed) * 1000 + 3) * 1000 + int(batch)
+
+
+def heldout_batches(n_heldout: int, eval_prompts: int, extra_batch: int) -> list[range]:
+    """The held-out pool's batches as index ranges: the gate's `eval_prompts`, then extension batches of
+    `extra_batch` prompts (the last may be shorter) up to `n_heldout`; none when `extra_batch` is 0."""
+    out = [range(0, min(eval_prompts, n_heldout))]
+    if extra_batch > 0:
+        for lo in range(eval_prompts, n_heldout, extra_batch):
+            out.append(range(lo, min(lo + extra_batch, n_heldout)))
+    return out
+
+
+@torch.no_grad()
+def proxy_scores(reward_model: torch.nn.Module, prompt_ids: list[list[int]], responses: list[list[int]],
+                 pad_id: int) -> list[float]:
+    """The proxy reward model's score of each (prompt, response), read at the last real token, as the rollout
+    reads it (`training/rollout.py`)."""
+    from training.engine import IncrementalScorer, left_pad
+
+    seqs = [p + r for p, r in zip(prompt_ids, responses, strict=True)]
+    ids, attn = left_pad(seqs, pad_id)
+    scorer = IncrementalScorer(reward_model, "reward")
+    out = scorer.begin(ids, attn)
+    scorer.release()
+    return [float(v) for v in out[:, -1]]
+
+
+def summary(records: list[PromptRecord]) -> tuple[float, float]:
+    """(mean gold score, SE of that mean) over one checkpoint's records."""
+    golds = np.array([r.gold_score for r in records], dtype=float)
+    se = float(golds.std(ddof=1) / math.sqrt(len(golds))) if len(golds) > 1 else math.nan
+    return float(golds.mean()), se
+
+
+def record_rows(run_id: str, step: int, records: Iterable[PromptRecord]) -> list[dict]:
+    return [{"run_id": run_id, "step": int(step), "prompt_id": r.prompt_id, "gold_score": r.gold_score,
+             "seed": r.seed, "proxy_score": r.proxy_score, "response_len": r.response_len} for r in records]
+
+
+def _fmt(v):
+    return f"{v:.6g}" if isinstance(v, float) else v
+
+
+def write_records(path: str | Path, rows: Iterable[dict], append: bool = False) -> int:
+    """Write (or append) gate-record rows to a CSV in `RECORD_COLUMNS` order; returns the rows written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not (append and path.exists())
+    n = 0
+    with path.open("w" if new else "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=RECORD_COLUMNS)
+        if new:
+            w.writeheader()
+        for r in rows:
+            w.writerow({k: _fmt(r[k]) for k in RECORD_COLUMNS})
+            n += 1
+    return n
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """The rows of a gate-records CSV (strings as written)."""
+    with Path(path).open() as f:
+        return list(csv.DictReader(f))
+
+
+class GateRecordsCSV:
+    """A run directory's `gate_records.csv`; on resume it keeps only the rows up to the checkpoint's step."""
+
+    def __init__(self, path: Path, resume_step: int):
+        self.path = Path(path)
+        kept = [r for r in read_records(self.path) if int(r["step"]) <= resume_step] \
+            if self.path.exists() and resume_step > 0 else []
+        write_records(self.path, kept)
+
+    def write(self, run_id: str, step: int, records: list[PromptRecord]) -> None:
+        write_records(self.path, record_rows(run_id, step, records), append=True)
