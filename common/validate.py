@@ -41,6 +41,19 @@ def _check_parents(path: Path, field: str) -> None:
     if not os.access(base, os.W_OK | os.X_OK):
         raise BadInput(f"{field}: '{path}' cannot be created: no write permission in '{base}' "
                        "(choose a writable location)")
+    _probe(base, path, field)
+
+
+def _probe(base: Path, path: Path, field: str) -> None:
+    """Create and remove an empty directory in `base`: `os.access` says yes to root everywhere, also on a
+    filesystem nothing can be created on (/proc, /sys, a read-only mount)."""
+    import tempfile
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rlhfops-probe-", dir=base))
+    except OSError as err:
+        what = f"nothing can be written in '{base}'" if base == path else f"'{path}' cannot be created in '{base}'"
+        raise BadInput(f"{field}: {what} ({err.strerror}; choose a writable location)") from None
 
 
 def check_out_dir(path: str | Path | None, field: str = "out") -> None:
@@ -54,6 +67,7 @@ def check_out_dir(path: str | Path | None, field: str = "out") -> None:
     if path.is_dir():
         if not os.access(path, os.W_OK | os.X_OK):
             raise BadInput(f"{field}: no write permission in '{path}' (choose a writable directory)")
+        _probe(path, path, field)
         return
     _check_parents(path, field)
 
