@@ -1,0 +1,271 @@
+"""The paired, anytime-valid stop rule (eval/paired.py): its sequence's width against the formula worked by hand
+and against an independent implementation, its time-uniform coverage by simulation, the false-stop bound on
+simulated healthy runs (reference selection included) at 10, 30 and 100 checkpoints, its power and kept checkpoint
+on a clear decline, and the monitor's verdicts (identical checkpoints, extra prompts, the live gate's EXTEND).
+
+The coverage figures are printed with -s:
+    .venv/bin/python -m pytest tests/eval/test_paired_rule.py -q -s -k "coverage or power"
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from eval.detector_base import Checkpoint
+from eval.paired import PairedStop, Verdict, cs_radius, mixture_r, pair_alpha, paired_diff
+
+# --------------------------------------------------------------------------- paired differences
+
+
+def test_paired_diff_by_hand():
+    a = {"p1": 1.0, "p2": 2.0, "p3": 4.0}
+    b = {"p3": 3.0, "p1": 2.0, "p2": 2.0}  # any order: paired by prompt id
+    got = paired_diff(a, b)
+    # differences b - a: +1, 0, -1 -> mean 0, SD sqrt(((1)^2 + 0 + (-1)^2) / 2) = 1
+    assert (got.n, got.mean, got.sd) == (3, 0.0, pytest.approx(1.0))
+    got = paired_diff(np.array([0.0, 0.0, 1.0, 1.0]), np.array([1.0, 2.0, 1.0, 4.0]))
+    # differences 1, 2, 0, 3: mean 1.5, squared deviations 0.25 + 0.25 + 2.25 + 2.25 = 5 over 3
+    assert (got.n, got.mean, got.sd) == (4, 1.5, pytest.approx(math.sqrt(5.0 / 3.0)))
+
+
+def test_paired_diff_refuses_different_prompt_sets():
+    with pytest.raises(ValueError, match="prompt 'p9' is scored only in the second set"):
+        paired_diff({"p1": 1.0, "p2": 1.0}, {"p1": 1.0, "p2": 1.0, "p9": 0.0})
+    with pytest.raises(ValueError, match="same prompts"):
+        paired_diff(np.zeros(3), np.zeros(4))
+
+
+# --------------------------------------------------------------------------- the sequence's width
+
+
+def _radius_by_hand(n: int, sd: float, a: float, r: float) -> float:
+    """sd / n * sqrt((n + r) * (log(n + r) - log(r) + 2 log(1/a))), written out term by term."""
+    log_term = math.log(n + r) - math.log(r) + 2.0 * math.log(1.0 / a)
+    return sd / n * math.sqrt((n + r) * log_term)
+
+
+@pytest.mark.parametrize(("n", "sd", "a", "r"), [(64, 1.0, 0.05, 10.0), (64, 0.3, 1.8e-5, 2.56), (10, 2.0, 0.02, 1.0),
+                                                  (1000, 0.5, 1e-6, 30.0)])
+def test_width_against_the_formula_by_hand(n, sd, a, r):
+    assert float(cs_radius(n, sd, a, r)) == pytest.approx(_radius_by_hand(n, sd, a, r), rel=1e-12)
+
+
+def test_width_against_the_authors_parametrisation_and_an_independent_implementation():
+    # Waudby-Smith et al. (2024) write the same boundary for a unit-variance mean as
+    # sqrt(2 (t rho^2 + 1) / (t^2 rho^2) * log(sqrt(t rho^2 + 1) / alpha)), rho^2 = 1 / r
+    for t, rho2, alpha in [(64, 0.1, 0.05), (500, 0.01, 0.02), (12, 1.0, 1e-4)]:
+        theirs = math.sqrt(2 * (t * rho2 + 1) / (t * t * rho2) * math.log(math.sqrt(t * rho2 + 1) / alpha))
+        assert float(cs_radius(t, 1.0, alpha, 1.0 / rho2)) == pytest.approx(theirs, rel=1e-12)
+    # the normal-mixture boundary u(v) of the `ville` package (0.1.0, _boundaries.normal_mixture, computed there):
+    # u(64; alpha 0.05, rho 10) = 24.320318593750777, u(100; alpha 0.01, rho 5) = 35.87144539906998 (S_n scale)
+    assert float(cs_radius(64, 1.0, 0.05, 10.0)) * 64 == pytest.approx(24.320318593750777, rel=1e-12)
+    assert float(cs_radius(100, 1.0, 0.01, 5.0)) * 100 == pytest.approx(35.87144539906998, rel=1e-12)
+
+
+@pytest.mark.parametrize(("n_opt", "a"), [(64, 0.05), (64, 1.8e-5), (256, 7e-7), (16, 0.02)])
+def test_mixture_r_is_near_the_narrowest_width_at_n_opt(n_opt, a):
+    grid = np.exp(np.linspace(math.log(n_opt) - 12, math.log(n_opt) + 6, 20001))
+    best = min(_radius_by_hand(n_opt, 1.0, a, r) for r in grid[::20])
+    assert float(cs_radius(n_opt, 1.0, a, mixture_r(n_opt, a))) <= best * 1.001
+
+
+def test_alpha_spent_over_looks_and_references_sums_to_alpha():
+    k = np.arange(1, 200001, dtype=float)
+    spent = np.cumsum(k * pair_alpha(0.02, k))  # look k tests k references at pair_alpha each
+    assert spent[-1] <= 0.02
+    assert spent[-1] == pytest.approx(0.02 * (1 - 1 / 200001), rel=1e-9)  # sum 1/(k(k+1)) telescopes
+    assert spent[0] == pytest.approx(0.01)
+
+
+def test_the_sequence_holds_at_every_prompt_count_where_a_peeked_interval_does_not():
+    """A single sequence, looked at after every prompt from 10 to 1000: it misses the true mean at some look in
+    at most alpha of the streams; the fixed-n 90% interval, looked at as often, misses in far more."""
+    rng = np.random.default_rng(7)
+    alpha, streams, n_max, n_min = 0.1, 2000, 1000, 10
+    x = rng.normal(0.3, 1.7, size=(streams, n_max))
+    n = np.arange(1, n_max + 1)
+    mean = np.cumsum(x, axis=1) / n
+    sd = np.sqrt(np.maximum(np.cumsum(x * x, axis=1) / n - mean**2, 0.0) * n / np.maximum(n - 1, 1))
+    looks = slice(n_min - 1, None)
+    cs_miss = (np.abs(mean - 0.3) > cs_radius(n, sd, alpha, mixture_r(64, alpha)))[:, looks].any(axis=1)
+    naive_miss = (np.abs(mean - 0.3) > 1.645 * sd / np.sqrt(n))[:, looks].any(axis=1)
+    bound = stats.binom.isf(0.001, streams, alpha)
+    print(f"\nsequence misses in {cs_miss.sum()}/{streams} streams, a peeked 90% interval in {naive_miss.sum()}")
+    assert cs_miss.sum() <= bound
+    assert cs_miss.sum() >= 1  # not vacuous: the sequence is tight enough to be crossed sometimes
+    assert naive_miss.mean() > 4 * alpha
+
+
+# --------------------------------------------------------------------------- healthy runs: the false-stop bound
+
+
+def _runs(rng, runs: int, steps: int, prompts: int, mu: np.ndarray, noise: float = 0.3, tails: float = 0.0):
+    """Scores[runs, steps, prompts]: a fixed difficulty per prompt (SD 1), the checkpoint's quality mu[t], and
+    sampling noise (normal SD `noise`, or Student-t with `tails` degrees of freedom scaled to that SD)."""
+    difficulty = rng.normal(0.0, 1.0, size=(runs, 1, prompts))
+    if tails:
+        e = rng.standard_t(tails, size=(runs, steps, prompts)) * noise / math.sqrt(tails / (tails - 2))
+    else:
+        e = rng.normal(0.0, noise, size=(runs, steps, prompts))
+    return difficulty + mu[None, :, None] + e
+
+
+def _healthy_curves(steps: int, margin: float) -> dict[str, tuple[float, np.ndarray]]:
+    """name -> (margin the rule is run with, quality per checkpoint): healthy by that margin."""
+    t = np.linspace(0.0, 1.0, steps)
+    return {
+        # no margin: any real decline would be a fair stop, so these are the tightest healthy runs
+        "flat, margin 0": (0.0, np.zeros(steps)),
+        "rise then plateau, margin 0": (0.0, np.minimum(t, 0.5)),
+        # slides down by exactly the margin over the run: no pair is worse by more than the margin
+        "decline of the margin": (margin, -margin * t),
+        "rise, then fall by 0.9 margin": (margin, np.where(t < 0.5, t, 0.5 - 0.9 * margin * (t - 0.5) / 0.5)),
+    }
+
+
+@pytest.mark.parametrize("steps", [10, 30, 100])
+def test_coverage_healthy_runs_are_stopped_at_most_alpha(steps):
+    """The rule at its default alpha 0.02, with no margin or a margin of 0.1, on healthy runs of 10, 30 and 100
+    checkpoints: every earlier checkpoint is a candidate reference, the kept one is the best so far. Stops <= alpha
+    within a binomial bound (one-sided, 0.1%)."""
+    rng = np.random.default_rng(steps)
+    runs = {10: 1500, 30: 1000, 100: 400}[steps]
+    bound = stats.binom.isf(0.001, runs, 0.02)
+    for case, (margin, mu) in _healthy_curves(steps, 0.1).items():
+        det = PairedStop(alpha=0.02, margin=margin)
+        for tails in (0.0, 5.0):
+            stop, _ = det.scan_scores(_runs(rng, runs, steps, 64, mu, tails=tails))
+            print(f"\n{steps} checkpoints, {case}, {'t5' if tails else 'normal'} noise: "
+                  f"{int((stop >= 0).sum())}/{runs} healthy runs stopped (bound {bound:g})")
+            assert (stop >= 0).sum() <= bound, case
+
+
+def test_coverage_at_a_loose_alpha_is_still_bounded():
+    """alpha 0.2, no margin, flat runs of 30 checkpoints with 16 prompts: the bound holds where it is nearer to
+    being used (the sequence plugs in the SD of few prompts)."""
+    rng = np.random.default_rng(3)
+    det = PairedStop(alpha=0.2, margin=0.0)
+    runs = 1500
+    stop, _ = det.scan_scores(_runs(rng, runs, 30, 16, np.zeros(30)))
+    print(f"\nalpha 0.2, 16 prompts, 30 flat checkpoints: {int((stop >= 0).sum())}/{runs} stopped")
+    assert (stop >= 0).sum() <= stats.binom.isf(0.001, runs, 0.2)
+
+
+# --------------------------------------------------------------------------- power and the kept checkpoint
+
+
+def test_power_a_clear_decline_is_stopped_and_the_pre_decline_best_kept():
+    rng = np.random.default_rng(11)
+    margin = 0.1
+    det = PairedStop(alpha=0.02, margin=margin)
+    # rises by 0.25 a checkpoint to its peak at index 8, then falls by 0.25 a checkpoint (paired SE about 0.05)
+    mu = np.concatenate([0.25 * np.arange(9), 2.0 - 0.25 * np.arange(1, 12)])
+    peak = int(np.argmax(mu))
+    runs = 1000
+    stop, kept = det.scan_scores(_runs(rng, runs, len(mu), 64, mu))
+    stopped = stop >= 0
+    print(f"\npower: {int(stopped.sum())}/{runs} declining runs stopped, kept the peak in "
+          f"{int((kept[stopped] == peak).sum())}, stop at {np.bincount(stop[stopped]).nonzero()[0].tolist()}")
+    assert stopped.mean() >= 0.99
+    assert (kept[stopped] == peak).mean() >= 0.99
+    assert (stop[stopped] > peak).all()
+    assert mu[peak] - mu[stop[stopped]].max() > margin  # it stopped past the margin, never before
+
+
+# --------------------------------------------------------------------------- the monitor
+
+
+def _feed(det: PairedStop, scores: np.ndarray, steps=None) -> tuple[int, object]:
+    mon = det.start()
+    steps = np.arange(len(scores)) * 5.0 if steps is None else steps
+    for t, row in enumerate(scores):
+        cp = Checkpoint(step=float(steps[t]), eval_score=float(row.mean()))
+        if mon.observe(cp, {f"q{j:03d}": v for j, v in enumerate(row)}):
+            return t, mon
+    return -1, mon
+
+
+def test_identical_checkpoints_never_stop():
+    rng = np.random.default_rng(0)
+    row = rng.normal(size=64)
+    for det in (PairedStop(), PairedStop(alpha=0.5, margin=0.0, min_prompts=2)):
+        stop, mon = _feed(det, np.tile(row, (60, 1)))
+        assert stop == -1 and mon.verdict is Verdict.CONTINUE
+        assert all(c.n == 64 and c.mean == 0.0 and c.sd == 0.0 for c in mon.comparisons)
+        s, _ = det.scan_scores(np.tile(row, (5, 60, 1)))
+        assert (s == -1).all()
+
+
+def test_monitor_and_scan_agree():
+    rng = np.random.default_rng(5)
+    det = PairedStop(alpha=0.05, margin=0.05)
+    mu = np.concatenate([np.linspace(0, 1, 12), 1 - np.linspace(0, 0.8, 13)[1:]])
+    y = np.concatenate([_runs(rng, 30, len(mu), 32, mu), _runs(rng, 30, len(mu), 32, np.zeros(len(mu)))])
+    stop, kept = det.scan_scores(y)
+    assert (stop[:30] >= 0).all()
+    for r in range(len(y)):
+        t, mon = _feed(det, y[r])
+        assert t == stop[r]
+        if t >= 0:
+            assert mon.verdict is Verdict.STOP and mon.kept_step == 5.0 * kept[r]
+
+
+def test_the_kept_checkpoint_is_the_one_the_current_is_furthest_below():
+    det = PairedStop(alpha=0.02, margin=0.0, min_prompts=4)
+    base = np.array([0.0, 1.0, 2.0, 3.0, 0.5, 1.5, 2.5, 3.5])
+    wobble = np.array([0.01, -0.01, 0.02, -0.02, 0.0, 0.01, -0.01, 0.0])
+    noisy = 0.3 * np.array([1.0, -1.0] * 4)
+    rows = np.array([base, base + 0.5 + wobble, base + 0.45 + noisy, base - 1.0 + wobble])
+    stop, mon = _feed(det, rows, steps=[10.0, 20.0, 30.0, 40.0])
+    # step 30 is 0.05 below step 20 on average, far inside its noise: no stop there. The last checkpoint is
+    # below all three; by most (1.5 a prompt, exactly) below step 20's, which is the one kept
+    assert stop == 3 and mon.kept_step == 20.0
+    assert {c.reference_step: round(c.mean, 6) for c in mon.comparisons} == {10.0: -1.0, 20.0: -1.5, 30.0: -1.45}
+
+
+def test_extend_then_more_prompts_settle_it():
+    """A decline the first 16 prompts cannot tell from noise: the verdict is EXTEND for (best, current); scoring
+    the pool's next prompts for those two checkpoints makes the same decline certain."""
+    rng = np.random.default_rng(2)
+    det = PairedStop(alpha=0.02, margin=0.0, min_prompts=10)
+    pool = 400
+    difficulty = rng.normal(size=pool)
+    y0 = difficulty + rng.normal(0.0, 0.3, pool)
+    y1 = difficulty + 0.5 + rng.normal(0.0, 0.3, pool)  # the best
+    y2 = difficulty + 0.35 + rng.normal(0.0, 0.3, pool)  # 0.15 below the best: about 1.4 SE on 16 prompts
+    ids = [f"q{j:03d}" for j in range(pool)]
+    mon = det.start()
+    for step, y in ((0.0, y0), (10.0, y1), (20.0, y2)):
+        cp = Checkpoint(step=step, eval_score=float(y[:16].mean()))
+        stopped = mon.observe(cp, dict(zip(ids[:16], y[:16], strict=True)))
+    assert not stopped and mon.verdict is Verdict.EXTEND and mon.wants_more_evidence()
+    assert mon.pair == (10.0, 20.0)
+    n = 16
+    while not mon.recheck() and n < pool:
+        ref, cur = mon.pair
+        batch = slice(n, n + 16)
+        mon.add_scores(ref, dict(zip(ids[batch], y1[batch], strict=True)))
+        mon.add_scores(cur, dict(zip(ids[batch], y2[batch], strict=True)))
+        n += 16
+    assert mon.verdict is Verdict.STOP and mon.kept_step == 10.0
+    assert 16 < n < pool
+
+
+def test_means_alone_and_few_prompts_never_stop():
+    det = PairedStop()
+    mon = det.start()
+    for t, e in enumerate([1.0, 0.0, -5.0, -10.0]):
+        assert not mon.observe(Checkpoint(step=float(t), eval_score=e))
+    stop, _ = _feed(det, np.array([[1.0] * 9, [0.0] * 9, [-1.0] * 9]))  # 9 prompts < min_prompts 10
+    assert stop == -1
+
+
+@pytest.mark.parametrize("bad", [{"alpha": 0.0}, {"alpha": 1.0}, {"margin": -0.1}, {"margin": math.inf},
+                                 {"min_prompts": 1}])
+def test_parameters_are_checked(bad):
+    with pytest.raises(ValueError, match="paired"):
+        PairedStop(**bad)
