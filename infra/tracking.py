@@ -32,10 +32,15 @@ FLOW_RUN_TAG = "prefect.flow_run_id"
 DEPLOYMENT_TAG = "prefect.deployment"
 TENANT_TAG = "tenant"
 NAMES_TAG = "rlhfops.names"  # JSON {metric-safe key: original name}, for the report
-#: the experiment tag MLflow 3's UI reads to pick an experiment's view (mlflow/server/js: `mlflow.experimentKind`);
-#: unset, 3.17 opens the GenAI traces view. "custom_model_development" ("Machine learning") opens the runs table.
+#: the experiment's kind ("custom_model_development": machine learning, not a GenAI app), the tag MLflow 3's UI shows
+#: as the experiment type (mlflow/server/js: `mlflow.experimentKind`).
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+#: MLflow 3.17's UI picks an experiment's view from its global "GenAI / Model training" switch, not from the kind tag:
+#: the switch is the `workflowType` URL parameter, else the browser's saved choice, else "genai" (the traces
+#: overview). A link that names the runs page and this parameter opens the runs table in any browser (`ui_url`;
+#: checked in headless chromium by tests/infra/test_mlflow_ui.py).
+UI_WORKFLOW_QUERY = "workflowType=machine_learning"
 
 DEFAULT_EXPERIMENT = "rlhfops"
 _BATCH = 1000
@@ -111,6 +116,13 @@ def experiment_id(name: str = DEFAULT_EXPERIMENT) -> str:
             if exp is None:
                 raise
             return exp.experiment_id
+
+
+def ui_url(base: str = "http://127.0.0.1:5000", experiment: str = DEFAULT_EXPERIMENT, run_id: str | None = None) -> str:
+    """Where the MLflow UI at `base` (the `mlflow ui` default unless given) shows `experiment`'s runs table, or one
+    run's page with `run_id`, in the "Model training" view (`UI_WORKFLOW_QUERY`)."""
+    page = f"runs/{run_id}" if run_id else "runs"
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id(experiment)}/{page}?{UI_WORKFLOW_QUERY}"
 
 
 def tag_experiment_kind(c, exp) -> None:
