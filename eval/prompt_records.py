@@ -114,7 +114,7 @@ def _check_complete(df: pd.DataFrame, where: str) -> None:
         for step, have in per_step.items():
             lacking = prompts - have
             if lacking:
-                other = g.loc[g["prompt_id"] == min(lacking), "step"].iloc[0]
+                other = g.loc[g["prompt_id"] == min(lacking), "step"].min()
                 raise BadInput(f"{where}: run '{run_id}' step {step:g} lacks prompt '{min(lacking)}' (scored at "
                                f"step {other:g}; {len(lacking)} prompt(s) missing at this step): every step of a "
                                "run needs the same prompts")

@@ -72,9 +72,13 @@ def register(app: typer.Typer) -> None:
         target_fsr: float = typer.Option(0.02, "--target-fsr", help="false-stop rate on healthy runs to calibrate to"),
         config: Path = typer.Option(None, "--config", help="detector config to read and, with --calibrate, write "
                                     "(default: configs/detectors.yaml)"),
+        prompts: Path = typer.Option(None, "--prompts", help="per-prompt gate records CSV: run_id, step, prompt_id, "
+                                     "gold_score [, seed, proxy_score, response_len]; any row order. Runs the "
+                                     "paired rule (default with --prompts; see eval/paired.py) on each run"),
     ) -> None:
         """Replay every run of a trace through a detector; write verdicts; print useful recall, false-stop rate,
-        quality kept and precision/recall/FPR if labelled. With --calibrate, recalibrate instead."""
+        quality kept and precision/recall/FPR if labelled. With --prompts, the paired rule on per-prompt scores.
+        With --calibrate, recalibrate instead."""
         from eval.detectors import DEFAULT_DETECTOR, make_detector  # any name in eval.registry.DETECTORS
         from eval.traces import check_columns, detection_quality, load_trace, runs_from_trace, verdicts
 
@@ -84,11 +88,20 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"--target-fsr {target_fsr}: must be in [0, 1)")
         if config is not None and calibrate is None and not config.is_file():
             raise BadInput(f"--config '{config}': no such file")
-        name = detector or DEFAULT_DETECTOR
+        if prompts is not None and calibrate is not None:
+            raise BadInput("--prompts: not with --calibrate (the paired rule is set by its false-stop level alpha, "
+                           "--param alpha=..., not fitted)")
+        name = detector or (PAIRED_DETECTOR if prompts is not None else DEFAULT_DETECTOR)
         try:
             det = make_detector(name, config=config, **parse_params(param))
         except ValueError as err:
             raise BadInput(f"--detector/--param: {err}") from None
+        reads_prompts = "prompt_scores" in det.needs
+        if prompts is not None and not reads_prompts:
+            raise BadInput(f"--detector {name}: reads means only; --prompts needs a detector that reads per-prompt "
+                           f"scores ({PAIRED_DETECTOR})")
+        if prompts is None and reads_prompts and calibrate is None:
+            raise BadInput(f"--detector {name}: needs per-prompt scores: give --prompts PROMPTS.csv")
         console = make_console()
         if calibrate is not None:
             _calibrate(console, name, det, calibrate, direction, target_fsr, config, explicit=parse_params(param))
@@ -97,12 +110,15 @@ def register(app: typer.Typer) -> None:
 
         check_out_file(out or trace.with_name(trace.stem + ".verdicts.csv"), "out")
         df = load_trace(trace)
-        check_columns(det, df, str(trace))
-        runs = runs_from_trace(df, direction)
-        if "eval_se" not in df.columns or df["eval_se"].isna().all():
-            console.print("no eval_se column: the eval noise is estimated from each run's own series "
-                          "(MAD of second differences / sqrt 6)")
-        result = verdicts(det, runs)
+        if prompts is not None:
+            result, runs = _paired(det, df, prompts, direction)
+        else:
+            check_columns(det, df, str(trace))
+            runs = runs_from_trace(df, direction)
+            if "eval_se" not in df.columns or df["eval_se"].isna().all():
+                console.print("no eval_se column: the eval noise is estimated from each run's own series "
+                              "(MAD of second differences / sqrt 6)")
+            result = verdicts(det, runs)
         out = out or trace.with_name(trace.stem + ".verdicts.csv")
         out.parent.mkdir(parents=True, exist_ok=True)
         result.to_csv(out, index=False)
@@ -110,6 +126,27 @@ def register(app: typer.Typer) -> None:
                       f"{int(result['stopped'].sum())} stopped -> {out}")
         if "label" in result:
             console.print(quality_table(detection_quality(result), f"Detection quality of {det.label}"))
+
+
+#: the rule `detect --prompts` runs when no --detector is named: the paired, anytime-valid stop rule
+PAIRED_DETECTOR = "paired"
+
+
+def _paired(det, df, prompts: Path, direction):
+    """Per-prompt records joined to the trace's runs (every checkpoint with an eval needs its records), then the
+    paired rule's verdicts. Everything is validated before any run is replayed."""
+    import numpy as np
+
+    from eval.paired import paired_verdicts
+    from eval.prompt_records import check_against_trace, load_prompt_records, records_by_run
+    from eval.traces import run_signs, runs_from_trace
+
+    records = load_prompt_records(prompts)
+    runs = runs_from_trace(df, direction)
+    by_run = records_by_run(records, run_signs(df, direction))
+    check_against_trace(by_run, {r.run_id: r.steps for r in runs},
+                        {r.run_id: np.array([c.eval_score for c in r.checkpoints]) for r in runs}, str(prompts))
+    return paired_verdicts(det, runs, by_run), runs
 
 
 def _calibrate(console, name, det, path: Path, direction, target: float, config: Path | None, explicit) -> None:
