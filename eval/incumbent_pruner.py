@@ -1,33 +1,38 @@
 """A sweep pruner that asks the sweep's question: can this trial still beat the incumbent?
 
 A live run asks "is this run declining?"; a sweep asks whether a trial can still deliver a better checkpoint than
-the best trial finished so far (the incumbent). Optuna's `MedianPruner` and `WilcoxonPruner` answer with a rank
-or a p-value over means, with no error rate a user can rely on. This pruner answers on paired evidence: every
-trial reports, at each checkpoint, its per-prompt held-out scores, sampled on the same prompts with the same
-sampling seed (the gate's common random numbers, `eval.optuna_pruner.report_checkpoint(..., prompts=...)`), so the
-per-prompt difference of two checkpoints cancels prompt difficulty and most sampling noise.
+the best trial finished so far (the incumbent). Optuna's `MedianPruner` and `WilcoxonPruner` answer with a rank or a
+p-value over means, with no error rate a user can rely on. This pruner answers on paired evidence: every trial
+reports, at each checkpoint, its per-prompt held-out scores, sampled on the same prompts with the same sampling seed
+(the gate's common random numbers, `eval.optuna_pruner.report_checkpoint(..., prompts=...)`), so the per-prompt
+difference of two checkpoints cancels prompt difficulty and most sampling noise.
 
 The rule (scores in the study's direction; `margin` m: the least improvement on the incumbent that makes a trial
-worth finishing, default 0). At a checkpoint at step s (s >= `n_warmup_steps`), the trial is pruned when both hold:
+worth finishing, default 0). A pruned trial keeps its best checkpoint (Optuna values it by the best score it
+reported), so what pruning gives up is only the trial's future checkpoints. At a checkpoint at step s (s >=
+`n_warmup_steps`) the trial is pruned when both hold:
 
-1. **it has not reached the incumbent's best**: for every checkpoint j it has reported so far, the upper confidence
-   bound of the mean paired difference (trial at j minus the incumbent's best checkpoint, same prompts) is below
-   m. (Its value is its best checkpoint: if any checkpoint may be as good as the incumbent's best, it is kept.)
+1. **it is not at the incumbent's level now**: the upper confidence bound of the mean paired difference between the
+   trial at s and the incumbent's best checkpoint (its value), on the same prompts, is below m;
 2. **it is not keeping pace with the incumbent**: the upper bound of the mean paired difference between the trial at
    s and the incumbent at the same step (its checkpoint at the largest step <= s) is below m. (A trial that learns
    as fast as the incumbent did may still overtake it; one behind the incumbent's own curve is not catching up.)
 
-Each bound is a one-sided (1 - a_k) bound on the mean over the gate's prompts, with alpha spent over the looks:
-a_k = alpha / (k (k + 1)) at the k-th checkpoint (k = 1, 2, ...; the a_k sum to alpha), so the set of bounds holds
-simultaneously, at every checkpoint a trial will ever report, with probability >= 1 - alpha.
+Each bound is the upper end of `eval.paired`'s anytime-valid confidence sequence on the mean paired difference
+(valid at every number of prompts, so a gate that scores more prompts may look again), at level a_k = alpha / (k (k
++ 1)) at the trial's k-th look (its k-th checkpoint at or after the warm-up; the a_k sum to alpha), so the set of
+bounds holds simultaneously, at every checkpoint a trial will ever report, with probability >= 1 - alpha. The
+incumbent's checkpoints are the references: a fixed best one (condition 1) and one per step (condition 2); the
+choice of the incumbent among the finished trials is a selection on the same kind of scores, and the simulation
+includes it.
 
 **Error rate.** Given the incumbent, a trial whose true mean (over the gate's prompts, at the run's sampling seed)
-is at least the incumbent's plus m either at some checkpoint (vs the incumbent's best) or at every step it is
-looked at (vs the incumbent at the same step) is pruned with probability at most alpha, however many checkpoints
-it reports. What no pruner can cover: a trial truly behind on both counts now that would overtake the incumbent
-later; `n_warmup_steps` is the knob for that. `tests/eval/test_incumbent_pruner.py` checks the rate by simulation
-(with the incumbent chosen as the best of several finished trials, i.e. including that selection) and the power
-against trials that are truly worse.
+at every checkpoint it is looked at is at least the incumbent's at the same step plus m (it keeps pace), or at least
+the incumbent's best plus m (it is already as good), is pruned with probability at most alpha, however many
+checkpoints it reports. What no pruner can cover: a trial truly behind on both counts now that would overtake the
+incumbent later; `n_warmup_steps` is the knob for that. `tests/eval/test_incumbent_pruner.py` checks the rate by
+simulation (with the incumbent chosen as the best of several finished trials, i.e. including that selection) and the
+power against trials that are truly worse.
 
 Until the first trial completes there is no incumbent and nothing is pruned. Stateless (everything is read from the
 trials' user attributes), so it works with any Optuna storage and from any process. No Prefect, MLflow or CLI.
@@ -38,7 +43,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -58,22 +62,19 @@ def look_level(alpha: float, k: int) -> float:
     return alpha / (k * (k + 1))
 
 
-def upper_bound(diffs: np.ndarray, level: float) -> float:
-    """One-sided (1 - `level`) upper confidence bound of the mean of paired differences (Student's t on the
-    per-prompt differences; inf with fewer than 2; the mean itself when every difference is the same)."""
+def upper_bound(diffs: np.ndarray, level: float, n_opt: float | None = None) -> float:
+    """Upper end of the level-`level` confidence sequence on the mean of paired differences
+    (`eval.paired.cs_radius`: the normal-mixture sequence with the sample SD plugged in, tightest at `n_opt`
+    prompts, default the number given). inf with fewer than 2 differences."""
+    from eval.paired import cs_radius, mixture_r
+
     d = np.asarray(diffs, dtype=float)
     d = d[np.isfinite(d)]
     if len(d) < 2:
         return math.inf
     sd = float(d.std(ddof=1))
-    return float(d.mean()) + (_t_quantile(1 - level, len(d) - 1) * sd / math.sqrt(len(d)) if sd > 0 else 0.0)
-
-
-@lru_cache(maxsize=4096)
-def _t_quantile(q: float, df: int) -> float:
-    from scipy import stats
-
-    return float(stats.t.ppf(q, df))
+    r = mixture_r(float(n_opt or len(d)), level)
+    return float(d.mean()) + float(cs_radius(len(d), sd, level, r))
 
 
 def paired(a: PromptScores, b: PromptScores) -> np.ndarray:
@@ -89,9 +90,9 @@ def mean_of(scores: PromptScores) -> float:
 
 @dataclass(frozen=True)
 class Decision:
-    """Why a trial was (or was not) pruned at its latest checkpoint: `best_upper` is the largest upper bound of
-    (trial checkpoint - incumbent's best) over the trial's checkpoints, `pace_upper` the bound against the
-    incumbent at the same step, `diff_best`/`diff_pace` the matching mean differences, `n` prompts paired."""
+    """Why a trial was (or was not) pruned at its latest checkpoint (`step`, its `look`-th look): `diff_best` and
+    `best_upper` are the mean paired difference (trial - incumbent's best checkpoint) and its upper bound,
+    `diff_pace`/`pace_upper` the same against the incumbent at the same step, `n` the prompts paired."""
 
     prune: bool
     step: int
@@ -113,29 +114,31 @@ class Decision:
 def decide(trial: list[tuple[int, PromptScores]], incumbent: list[tuple[int, PromptScores]], *,
            alpha: float = 0.02, margin: float = 0.0, n_warmup_steps: int = 0, min_prompts: int = 8) -> Decision:
     """The rule on plain data: `trial` and `incumbent` are (step, per-prompt scores) in step order, scores in the
-    higher-is-better direction; the decision is at the trial's last checkpoint."""
+    higher-is-better direction; the decision is at the trial's last checkpoint, its k-th look (k: its checkpoints
+    at steps >= `n_warmup_steps` so far), at level `look_level(alpha, k)` for both comparisons."""
     nan = math.nan
     if not trial or not incumbent:
         return Decision(False, trial[-1][0] if trial else -1, 0, nan, nan, nan, nan, 0)
-    step = int(trial[-1][0])
-    best_step, best = max(incumbent, key=lambda c: (mean_of(c[1]), -c[0]))
-    # 1. every checkpoint so far, against the incumbent's best (look k = its position among all the trial's)
-    best_upper, diff_best, n = -math.inf, nan, 0
-    for k, (_, scores) in enumerate(trial, start=1):
-        d = paired(scores, best)
-        u = upper_bound(d, look_level(alpha, k)) if len(d) >= min_prompts else math.inf
-        if u >= best_upper:
-            best_upper, diff_best, n = u, float(d.mean()) if len(d) else nan, len(d)
-    # 2. the latest checkpoint against the incumbent at the same step (look k: its position after the warm-up)
+    step, current = int(trial[-1][0]), trial[-1][1]
     looks = sum(1 for s, _ in trial if s >= n_warmup_steps)
+    level = look_level(alpha, max(looks, 1))
+
+    def against(ref: PromptScores) -> tuple[float, float, int]:
+        d = paired(current, ref)
+        if len(d) < min_prompts:
+            return math.inf, nan, len(d)
+        return upper_bound(d, level), float(d.mean()), len(d)
+
+    # 1. the incumbent's best checkpoint (its value): can the trial's present checkpoint beat it?
+    best_step, best = max(incumbent, key=lambda c: (mean_of(c[1]), -c[0]))
+    best_upper, diff_best, n = against(best)
+    # 2. the incumbent at the same step (its checkpoint at the largest step <= this one): is the trial keeping pace?
     earlier = [c for c in incumbent if c[0] <= step]
     pace_upper, diff_pace, pace_step = math.inf, nan, None
-    if earlier and looks >= 1:
-        pace_step, ref = earlier[-1]
-        d = paired(trial[-1][1], ref)
-        if len(d) >= min_prompts:
-            pace_upper, diff_pace = upper_bound(d, look_level(alpha, looks)), float(d.mean())
-    prune = step >= n_warmup_steps and best_upper < margin and pace_upper < margin
+    if earlier:
+        pace_step = int(earlier[-1][0])
+        pace_upper, diff_pace, _ = against(earlier[-1][1])
+    prune = looks >= 1 and step >= n_warmup_steps and best_upper < margin and pace_upper < margin
     return Decision(prune, step, looks, best_upper, pace_upper, diff_best, diff_pace, n, int(best_step), pace_step)
 
 
