@@ -22,6 +22,7 @@ from types import MappingProxyType
 
 from eval.detectors import Bocpd, Cusum, Detector, Divergence, EvalStop, LossPlateau, MinDeltaPatience, StopAt
 from eval.health.base import HealthAlert
+from eval.health.offpolicy_alerts import CarriedLengthDrift, LowESS
 from eval.health.policy_alerts import EntropyCollapse, KLBlowup, RewardBand, RewardHacking
 from eval.health.run_alerts import DeadRun, GradNormSpike, RolloutDrift, SyncStall
 from eval.paired import PairedStop
@@ -44,10 +45,12 @@ EARLY_STOP_DETECTORS: Mapping[str, type[Detector]] = _by_name(
     EvalStop, StopAt, LossPlateau, MinDeltaPatience, Cusum, Bocpd, Divergence, NoisePatience, PairedStop,
 )
 
-#: the run-health alerts, in the runbook's order (1-7 algorithmic, 8 run mechanics); configs/alerts.yaml
+#: the run-health alerts, in the runbook's order (1-7 algorithmic, 8 run mechanics), then the off-policy pair of
+#: inter-step overlap (9 low importance-weight ESS, 10 carried-vs-fresh length drift); configs/alerts.yaml
 #: configures them by these names
 ALERTS: Mapping[str, type[HealthAlert]] = _by_name(
     RewardBand, KLBlowup, EntropyCollapse, RewardHacking, DeadRun, GradNormSpike, RolloutDrift, SyncStall,
+    LowESS, CarriedLengthDrift,
     taken=EARLY_STOP_DETECTORS,
 )
 

@@ -1,5 +1,6 @@
 """The run-health alert catalog: the runbook's seven per-run detectors over windows of training steps,
-plus one run-mechanics alert (weight-sync stall) that the frozen-sync canary needs.
+plus one run-mechanics alert (weight-sync stall) that the frozen-sync canary needs, and two on the off-policy
+side of inter-step overlap (low importance-weight ESS, carried-vs-fresh length drift).
 
 Each alert is a `Detector` (eval/detector_base.py): a streaming monitor for live runs
 (`start()` / `Monitor.observe`) and a vectorised numpy `scan()` over a fleet of recorded runs that
@@ -23,6 +24,7 @@ The package, one module per concern:
 - `base`: `HealthCheckpoint`, `SIGNALS` and the alert base (`HealthAlert`, the streaming monitor base);
 - `policy_alerts`: alerts 1-4 (reward band, KL blowup, entropy collapse, reward hacking);
 - `run_alerts`: alerts 5-8 (dead run, gradient-norm spike, rollout drift, weight-sync stall);
+- `offpolicy_alerts`: alerts 9-10 of inter-step overlap (low importance-weight ESS, carried-vs-fresh length drift);
 - `config`: the thresholds file's schema and loader (`load_alerts_config`);
 - `catalog`: `Catalog`, `CatalogMonitor`, `AlertEvent`, `replay_alert`;
 - `fleet`: the synthetic fleet and the false-positive measurement.
@@ -45,6 +47,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "eval.health.base": ("HealthCheckpoint", "SIGNALS", "series_from_checkpoints", "HealthAlert"),
     "eval.health.policy_alerts": ("RewardBand", "KLBlowup", "EntropyCollapse", "RewardHacking"),
     "eval.health.run_alerts": ("DeadRun", "GradNormSpike", "DRIFT_SIGNALS", "RolloutDrift", "SyncStall"),
+    "eval.health.offpolicy_alerts": ("LowESS", "CarriedLengthDrift"),
     "eval.health.config": (
         "Severity", "DEFAULT_ALERTS_FILE", "ParamValue", "Demote", "FalsePositiveRecord", "AlertConfig",
         "AlertsConfig", "load_alerts_config",

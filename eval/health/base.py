@@ -31,6 +31,12 @@ class HealthCheckpoint(Checkpoint):
     staleness: float = NAN
     #: spread of the reward across the step's samples (StepRecord.reward_std): ~0 means no learning signal
     reward_std: float = NAN
+    #: normalised effective sample size of the importance weights pi_prox/pi_behav (StepRecord.is_ess)
+    is_ess: float = NAN
+    #: mean response length of the trained samples carried over from an earlier step, and of those begun and
+    #: finished in this step (StepRecord.len_carried_mean / len_fresh_mean; NaN when a group is empty)
+    len_carried: float = NAN
+    len_fresh: float = NAN
 
     @classmethod
     def from_step_record(cls, rec: Any, progress: float = NAN) -> HealthCheckpoint:
@@ -52,6 +58,9 @@ class HealthCheckpoint(Checkpoint):
             gpu_seconds=spent,
             staleness=float(getattr(rec, "staleness_mean", NAN)),
             reward_std=float(getattr(rec, "reward_std", NAN)),
+            is_ess=float(getattr(rec, "is_ess", NAN)),
+            len_carried=float(getattr(rec, "len_carried_mean", NAN)),
+            len_fresh=float(getattr(rec, "len_fresh_mean", NAN)),
         )
 
 

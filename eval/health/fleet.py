@@ -67,6 +67,16 @@ def synthetic_fleet(
     staleness = rng.integers(0, 3, shape).astype(np.float64) * 0.5  # healthy overlap: 0-1 versions
     staleness = np.where(at("sync_stall"), since, staleness)  # frozen sync: the lag grows every step
 
+    # off-policy signals, drawn after all of the above so those series stay what they were: a healthy overlap
+    # run's importance-weight ESS sits near 1; carried responses are 2-6x the fresh ones' length (they are the
+    # stragglers), and some steps train no carried response at all
+    ess = np.clip(1.0 - np.abs(rng.normal(0, 0.05, shape)), 0.0, 1.0)
+    ess = np.where(at("low_ess"), ess * np.exp(-since / 10.0), ess)  # the behaviour policy drifts away
+    fresh = length * col(rng.uniform(0.4, 0.8, n_runs)) * np.exp(rng.normal(0, 0.1, shape))
+    carried = fresh * col(rng.uniform(2.0, 6.0, n_runs)) * np.exp(rng.normal(0, 0.25, shape))
+    carried = np.where(rng.random(shape) < 0.15, np.nan, carried)
+    carried = np.where(at("carried_length_drift"), carried * 2.5, carried)  # carried tokens repeated on resume
+
     gated = (np.arange(n_steps) % gate_every == gate_every - 1)[None, :]
     series = {
         "step": np.broadcast_to(t, shape).copy(),
@@ -74,6 +84,7 @@ def synthetic_fleet(
         "reward": reward, "kl": kl, "entropy": entropy, "grad_norm": grad, "response_len": length,
         "truncation_rate": trunc, "unparseable_rate": unparse,
         "gpu_seconds": np.ones(shape), "staleness": staleness,
+        "is_ess": ess, "len_carried": carried, "len_fresh": fresh,
     }
     return series, np.array(FAULTS)[kinds], onset
 

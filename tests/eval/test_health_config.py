@@ -26,8 +26,9 @@ def cli(*args):
 
 def test_shipped_file_has_all_alerts_with_fpr_records():
     cfg = load_alerts_config()
-    # the runbook's seven rows plus the weight-sync stall (run mechanics) the frozen-sync canary needs
-    assert set(cfg.alerts) == set(ALERTS) and len(ALERTS) == 8
+    # the runbook's seven rows plus the weight-sync stall (run mechanics) the frozen-sync canary needs, plus the
+    # off-policy pair of inter-step overlap (low importance-weight ESS, carried-vs-fresh length drift)
+    assert set(cfg.alerts) == set(ALERTS) and len(ALERTS) == 10
     assert all(a.false_positive_rate is not None for a in cfg.alerts.values())
 
 

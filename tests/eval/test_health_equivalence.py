@@ -40,6 +40,12 @@ def random_fleet(seed: int, n_runs: int = 60, n_steps: int = 260) -> dict[str, n
         holes = rng.random(shape) < 0.01
         series[name][holes & (rng.random((n_runs, 1)) < 0.3)] = np.nan
     ends = rng.integers(n_steps // 3, n_steps + 1, n_runs)  # ragged: NaN padding after the run ends
+    # the off-policy signals, drawn after the others so their series stay as they were: ESS walks down from 1,
+    # carried and fresh lengths walk apart, and carried is missing on some steps (no carried sample trained)
+    series["is_ess"] = np.clip(1.0 - np.abs(walk(0.03)), 0.0, 1.0)
+    series["len_fresh"] = np.abs(30 + walk(1.0)) + 1.0
+    series["len_carried"] = series["len_fresh"] * np.exp(walk(0.05))
+    series["len_carried"][rng.random(shape) < 0.1] = np.nan
     pad = np.arange(n_steps)[None, :] >= ends[:, None]
     for arr in series.values():
         arr[pad] = np.nan

@@ -24,9 +24,12 @@ PAGING_FPR_BAR = 0.01
 MIN_RECALL = 0.95
 #: steps after onset by which the alert must have fired (the fleet's faults at full strength; measured
 #: delays on the fresh seeds are at most ~40% of these: reward_band 2, kl_blowup 29, entropy_collapse 81,
-#: reward_hacking 214, dead_run 130, grad_norm_spike 41, rollout_drift 29, sync_stall 9)
+#: reward_hacking 214, dead_run 130, grad_norm_spike 41, rollout_drift 29, sync_stall 9; the off-policy pair, set
+#: before looking at these seeds from the rules: low_ess ~12 steps of decay + 3 of persistence, carried_length_drift
+#: within the second complete 20-step window after onset)
 MAX_DELAY = {"reward_band": 10, "kl_blowup": 60, "entropy_collapse": 160, "reward_hacking": 350,
-             "dead_run": 250, "grad_norm_spike": 100, "rollout_drift": 60, "sync_stall": 15}
+             "dead_run": 250, "grad_norm_spike": 100, "rollout_drift": 60, "sync_stall": 15,
+             "low_ess": 30, "carried_length_drift": 60}
 
 
 @pytest.fixture(scope="module")
