@@ -142,6 +142,9 @@ def _paired(det, df, prompts: Path, direction):
     from eval.traces import run_signs, runs_from_trace
 
     records = load_prompt_records(prompts)
+    if "seed" in records.columns and (records.groupby(["run_id", "prompt_id"])["seed"].nunique() > 1).any():
+        make_console().print(f"{prompts}: a prompt's sampling seed changes between checkpoints: pairing cancels "
+                             "prompt difficulty but not sampling noise (the gate should keep each prompt's seed)")
     runs = runs_from_trace(df, direction)
     by_run = records_by_run(records, run_signs(df, direction))
     check_against_trace(by_run, {r.run_id: r.steps for r in runs},

@@ -135,6 +135,21 @@ def test_detect_prompts_stops_the_fall_and_keeps_its_peak(tmp_path, capsys, monk
     assert v.loc["fall", "stop_phase"] == "after_peak" and v.loc["fall", "quality_kept"] > 0
 
 
+def test_detect_prompts_lower_is_better_gives_the_same_verdicts(tmp_path, capsys, monkeypatch):
+    trace, prompts, _ = write_files(tmp_path)
+    code, _, err = run_cli(["detect", trace, "--prompts", prompts, "--out", tmp_path / "up.csv"], capsys, monkeypatch)
+    assert code == 0, err
+    t = pd.read_csv(trace)
+    pd.DataFrame({**t, "eval_score": -t["eval_score"], "direction": "lower"}).to_csv(trace, index=False)
+    _rewrite(prompts, lambda df: df.assign(gold_score=(-df.gold_score.astype(float)).astype(str)))
+    code, _, err = run_cli(["detect", trace, "--prompts", prompts, "--out", tmp_path / "down.csv"], capsys, monkeypatch)
+    assert code == 0, err
+    up, down = pd.read_csv(tmp_path / "up.csv"), pd.read_csv(tmp_path / "down.csv")
+    cols = ["run_id", "stopped", "stop_step", "best_step"]
+    assert up[cols].equals(down[cols])
+    assert up["stopped"].sum() == 1
+
+
 @pytest.mark.parametrize(("case", "edit", "names"), BROKEN[:3], ids=[b[0] for b in BROKEN[:3]])
 def test_detect_prompts_broken_records_exit_2_naming_it(tmp_path, capsys, monkeypatch, case, edit, names):
     trace, prompts, _ = write_files(tmp_path)
