@@ -113,8 +113,9 @@ def best_value(trial: optuna.Trial | FrozenTrial) -> float:
 class DetectorPruner(BasePruner):
     """Prune a trial when one of the platform's early-stop detectors says its run should stop.
 
-    `detector`: a registry name (`eval.detectors.DETECTORS`; "default" is the platform's default, the one the live
-    platform gates jobs with) or a built `Detector`; `params` go to `make_detector` over the calibrated thresholds.
+    `detector`: a registry name (`eval.registry.EARLY_STOP_DETECTORS`; "default" is the platform's default, the one
+    the live platform gates jobs with) or a built `Detector`; `params` go to `make_detector` over the calibrated
+    thresholds.
     `n_warmup_steps`: never prune before this step. The detector sees the trial's latest series only (a new series,
     e.g. the next seed, starts a fresh detector state). Works with `report_checkpoint` (score, SE, proxy reward) and
     with plain `trial.report` (the values alone).

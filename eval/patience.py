@@ -44,7 +44,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from eval.detectors import MIN_DIFFS, Checkpoint, Detector, Divergence, Monitor, RunNoise, _slope
+from eval.detector_base import Checkpoint, Detector, Monitor
+from eval.noise import MIN_DIFFS, RunNoise, _slope
+from eval.stop_rules import Divergence
 
 #: checkpoints a run needs before the patience rule judges it: enough for the own noise estimate
 WARMUP = MIN_DIFFS + 2

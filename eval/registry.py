@@ -20,13 +20,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from eval.detectors import Bocpd, Cusum, Detector, Divergence, EvalStop, LossPlateau, MinDeltaPatience, StopAt
+from eval.detector_base import Detector
 from eval.health.base import HealthAlert
 from eval.health.offpolicy_alerts import CarriedLengthDrift, LowESS
 from eval.health.policy_alerts import EntropyCollapse, KLBlowup, RewardBand, RewardHacking
 from eval.health.run_alerts import DeadRun, GradNormSpike, RolloutDrift, SyncStall
 from eval.paired import PairedStop
 from eval.patience import NoisePatience
+from eval.stop_rules import Bocpd, Cusum, Divergence, EvalStop, LossPlateau, MinDeltaPatience, StopAt
 
 
 def _by_name(*classes: type[Detector], taken: Mapping[str, type[Detector]] | None = None) -> Mapping:

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from common.errors import BadInput
-from eval.detectors import Checkpoint, Detector
+from eval.detector_base import Checkpoint, Detector
 
 REQUIRED = ("run_id", "step", "eval_score")
 NUMERIC_OPTIONAL = ("reward", "loss", "kl", "entropy", "grad_norm", "response_len", "progress", "eval_se",

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from eval.detectors import DEFAULT_DETECTOR, DETECTORS, EARLY_STOP_DETECTORS, make_detector
+from eval.detectors import DEFAULT_DETECTOR, make_detector
+from eval.registry import EARLY_STOP_DETECTORS
 from scheduling.experiments import Unit, load_experiment, run_units, units_for
 
 DETECTOR_SCHEDULERS = ["SRTF-Est", "EvalStop+SRTF", "Patience+SRTF", "CUSUM+SRTF", "BOCPD+SRTF",
@@ -51,7 +52,7 @@ def _f(x: float, pct: bool = False) -> str:
 
 
 def render(table: pd.DataFrame) -> str:
-    det_defaults = "\n".join(f"- `{name}`: {make_detector(name).params()}" for name in DETECTORS
+    det_defaults = "\n".join(f"- `{name}`: {make_detector(name).params()}" for name in EARLY_STOP_DETECTORS
                              if name not in ("stopat",))
     out = ["# Early-stop detectors under noise and base-rate stress\n",
            "Written by `rlhfops compare-detectors --corpus data/curves`. Every detector runs with its configured "
@@ -98,12 +99,10 @@ def replay_traces(path) -> pd.DataFrame:
     df = load_trace(path)
     runs = runs_from_trace(df)
     rows = []
-    for name in DETECTORS:
+    for name in EARLY_STOP_DETECTORS:
         det = make_detector(name)
         if name == "stopat" or any(need not in df.columns for need in det.needs if need != "progress"):
             continue
-        if name not in EARLY_STOP_DETECTORS:
-            continue  # the run-health alerts are not early-stop rules
         v = verdicts(det, runs)
         q = detection_quality(v)
         stopped = v[v.stopped == 1]
@@ -152,7 +151,7 @@ def check_acceptance(table: pd.DataFrame, detector: str) -> dict[str, bool]:
 
 def verdict(table: pd.DataFrame) -> str:
     lines = ["## Verdict\n"]
-    titles = {name: make_detector(name).label for name in DETECTORS if name not in ("stopat",)}
+    titles = {name: make_detector(name).label for name in EARLY_STOP_DETECTORS if name not in ("stopat",)}
     for title in titles.values():
         if f"{title}+SRTF" not in set(table.scheduler):
             continue
@@ -196,9 +195,9 @@ def corpus_table(corpus: Path, split: str) -> pd.DataFrame:
     if not runs:
         return pd.DataFrame()
     rows = []
-    for name in DETECTORS:
+    for name in EARLY_STOP_DETECTORS:
         det = make_detector(name)
-        if name not in EARLY_STOP_DETECTORS or name in ("stopat", "lossplateau"):
+        if name in ("stopat", "lossplateau"):
             continue  # stopat needs the planned length, lossplateau a training loss: the corpus has neither for all
         q = detection_quality(verdicts(det, runs))
         rows.append({"detector": det.label, "name": name, **q})
