@@ -24,8 +24,7 @@ class RunSupervisor:
     the ledger and Prometheus metrics if given (duck-typed: `infra.ledger.Ledger`,
     `infra.metrics.PlatformMetrics`).
 
-        live = catalog.start(tenant="acme")
-        sup = RunSupervisor("run-1", "acme", live, gate_detector=make_detector("evalstop"))
+        spec, sup = training.request.build(request)   # the one place a job's supervisor is made
         sup.begin()
         for record in train(...):
             sup.observe(record)

@@ -84,8 +84,7 @@ def run_trial(job_config, observer: Observer | None = None, *, out_dir: str | Pa
     from transformers.utils import logging as hf_logging
 
     from eval.health import Catalog
-    from eval.supervisor import RunSupervisor
-    from training.lifecycle import JobSpec, run_job
+    from training.lifecycle import JobSpec, make_supervisor, run_job
 
     hf_logging.set_verbosity_error()  # loading a checkpoint's tied lm_head prints a load report per checkpoint
     out = Path(out_dir)
@@ -95,8 +94,7 @@ def run_trial(job_config, observer: Observer | None = None, *, out_dir: str | Pa
     spec = JobSpec(tenant=tenant, name=out.name, config=job_config, run_id=run_id, out_dir=out, overlap=overlap,
                    gpus=gpus, gpu_kind=gpu_kind, detector=None, run_through_pause=True)
     try:
-        supervisor = RunSupervisor(run_id, tenant, Catalog({}).start(tenant=tenant), ledger=ledger, gpu_kind=gpu_kind,
-                                   n_gpus=gpus)
+        supervisor = make_supervisor(spec, ledger=ledger, catalog=Catalog({}))
         outcome = run_job(spec, observer, hooks=_TrialHooks(), supervisor=supervisor)
     except Exception as err:  # noqa: BLE001 - a worker that cannot start ends the trial FAILED, recorded, not lost
         return TrialOutcome(state="failed", steps=0, gpu_seconds=0.0, wall_s=time.perf_counter() - t0,

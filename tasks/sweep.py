@@ -126,6 +126,7 @@ def prepare(spec_path: str | Path | dict, trials: int | None = None, prices: str
     from infra.ledger import Ledger, load_prices
     from sweeps.runner import check_pruning
     from sweeps.spec import check_against_job, load_spec, parse_spec
+    from training.request import check_gpu_kind
 
     if isinstance(spec_path, dict):
         raw = dict(spec_path)
@@ -137,8 +138,7 @@ def prepare(spec_path: str | Path | dict, trials: int | None = None, prices: str
         spec = load_spec(spec_path, trials)
     check_pruning(spec)
     table = load_prices(prices)
-    if spec.gpu_kind not in table.gpu_hour:
-        raise BadInput(f"gpu_kind: '{spec.gpu_kind}' has no price (add it under gpu_hour in configs/prices.yaml)")
+    check_gpu_kind(spec.gpu_kind, table.gpu_hour, prices=prices)
     if trials is not None and trials < 1:
         raise BadInput("trials: must be >= 1")
     return spec, Ledger(table)

@@ -188,14 +188,18 @@ def checkpoints(out_dir: Path | None) -> list[str]:
     return [str(p) for p in sorted((out_dir / "checkpoints").glob("step-*"))] if out_dir else []
 
 
-def make_supervisor(spec: JobSpec, ledger: Any = None, metrics: Any = None, run_id: str | None = None):
-    """The job's `eval.supervisor.RunSupervisor`: the alert catalog (`spec.alerts`, `spec.alert_profile`), the gate
-    detector (`spec.detector`), the ledger and metrics to charge."""
+def make_supervisor(spec: JobSpec, ledger: Any = None, metrics: Any = None, run_id: str | None = None,
+                    catalog: Any = None):
+    """The job's `eval.supervisor.RunSupervisor`, the one place one is made: the alert catalog (`catalog`, default
+    the file `spec.alerts` with `spec.alert_profile`), the gate detector (`spec.detector`), the planned steps
+    (`spec.steps`: the gate's short-run phase needs them), the ledger and metrics to charge. A job asked for as a
+    `training.request.JobRequest` gets its spec and supervisor from `training.request.build`."""
     from eval.detectors import make_detector
     from eval.health import Catalog
     from eval.supervisor import RunSupervisor
 
-    catalog = Catalog.from_file(spec.alerts, algorithm="ppo", profile=spec.alert_profile)
+    if catalog is None:
+        catalog = Catalog.from_file(spec.alerts, algorithm="ppo", profile=spec.alert_profile)
     gate = make_detector(spec.detector) if spec.detector else None
     return RunSupervisor(run_id or spec.run_id or spec.job, spec.tenant, catalog.start(tenant=spec.tenant),
                          gate_detector=gate, ledger=ledger, metrics=metrics, gpu_kind=spec.gpu_kind, n_gpus=spec.gpus,
