@@ -9,15 +9,19 @@ A prompts CSV has one row per run, checkpoint and prompt, long format, rows in a
 - `gold_score`: the gate's score of this checkpoint's response to this prompt, higher is better (a trace that
   declares `direction` lower flips it, like `eval_score`); finite.
 - optional `seed` (the sampling seed the prompt was answered with: the same for a prompt at every checkpoint is
-  what makes two checkpoints' scores comparable prompt by prompt), `proxy_score`, `response_len` (>= 0): finite
-  where given, an empty cell is "not recorded".
+  what makes two checkpoints' scores comparable prompt by prompt), `proxy_score`, `response_len` (>= 0), `batch`
+  (>= 0, see below): finite where given, an empty cell is "not recorded".
 
 Every step of a run carries the same prompts: a paired comparison of two checkpoints is only paired on prompts
 both were scored on, so a step that lacks a prompt its run's other steps have is a broken export, refused with
-the run, step and prompt named (as is a repeated (run, step, prompt) row, a non-numeric or non-finite score and a
-missing column). `load_prompt_records(path, complete=False)` accepts runs whose steps were scored on different
-prompts (a gate that scored more prompts for two checkpoints whose comparison was close): `paired_matrix` then
-holds NaN where a checkpoint has no score and the rule pairs each two checkpoints on the prompts both have.
+the run, step and prompt named (as is a repeated (run, step, prompt) row, a non-numeric or non-finite value and a
+missing column). The one exception is a gate that scores more prompts when a decision is close: it scores the next
+batch of its held-out pool for the two checkpoints in question only. Such extension batches are told apart by an
+optional integer column `batch` (0: the gate's own prompts, 1, 2, ...: extension batches), or, without it, by
+`seed` where the seed is per batch (two or more prompts share a seed, as `training/gate.py` writes them): a step
+that has any prompt of a batch must have all of it, and some batch must be scored at every step.
+`load_prompt_records(path, complete=False)` skips these checks. `paired_matrix` holds NaN where a checkpoint has
+no score, and the rule pairs two checkpoints on the prompts both have.
 
 Plain Python + numpy/pandas: no Prefect or MLflow here.
 """
@@ -32,7 +36,7 @@ import pandas as pd
 from common.errors import BadInput
 
 REQUIRED = ("run_id", "step", "prompt_id", "gold_score")
-OPTIONAL = ("seed", "proxy_score", "response_len")
+OPTIONAL = ("seed", "proxy_score", "response_len", "batch")
 #: largest magnitude a score may hold (as for traces: beyond it a value is an export bug, not a measurement)
 MAX_ABS = 1e12
 
@@ -83,7 +87,7 @@ def _numeric(df: pd.DataFrame, col: str, where: str, required: bool) -> pd.Serie
     values = pd.to_numeric(raw, errors="coerce").astype(float)
     arr = values.to_numpy()
     empty = raw.isna().to_numpy()
-    low = 0.0 if col in ("step", "response_len") else -MAX_ABS
+    low = 0.0 if col in ("step", "response_len", "batch") else -MAX_ABS
     high = 2.0**53 if col == "step" else MAX_ABS
     with np.errstate(invalid="ignore"):
         bad = (~empty & ~np.isfinite(arr)) | (np.isfinite(arr) & ((arr < low) | (arr > high)))
@@ -106,29 +110,60 @@ def _numeric(df: pd.DataFrame, col: str, where: str, required: bool) -> pd.Serie
     raise BadInput(f"{at} {problem}")
 
 
+def _batches(g: pd.DataFrame) -> pd.Series:
+    """One run's rows -> the batch each prompt belongs to: the `batch` column; else the `seed` column where the
+    seeds are per batch (some seed shared by two or more prompts: prompts answered with one seed were scored
+    together); else one batch (every prompt at every step)."""
+    if "batch" in g.columns:
+        return g["batch"].astype(str)
+    if "seed" in g.columns and g["seed"].notna().all():
+        seeds = g.groupby("seed")["prompt_id"].nunique()
+        if (seeds >= 2).any():
+            return g["seed"].astype(str)
+    return pd.Series("0", index=g.index)
+
+
 def _check_complete(df: pd.DataFrame, where: str) -> None:
-    """Every step of a run has every prompt its run has at any step: name the first step that lacks one."""
+    """Per run: a step that has any prompt of a batch has all of the batch's prompts, and some batch (the gate's
+    own prompts) is scored at every step; name the first step that lacks a prompt."""
     for run_id, g in df.groupby("run_id", sort=True):
-        prompts = set(g["prompt_id"])
-        per_step = g.groupby("step")["prompt_id"].agg(set)
-        for step, have in per_step.items():
-            lacking = prompts - have
-            if lacking:
-                other = g.loc[g["prompt_id"] == min(lacking), "step"].min()
-                raise BadInput(f"{where}: run '{run_id}' step {step:g} lacks prompt '{min(lacking)}' (scored at "
-                               f"step {other:g}; {len(lacking)} prompt(s) missing at this step): every step of a "
-                               "run needs the same prompts")
+        batch = _batches(g)
+        steps = set(g["step"])
+        everywhere = False
+        for _, rows in g.groupby(batch, sort=True):
+            prompts = set(rows["prompt_id"])
+            have = rows.groupby("step")["prompt_id"].agg(set)
+            everywhere |= len(have) == len(steps)
+            for step, got in have.items():
+                lacking = prompts - got
+                if lacking:
+                    first = min(lacking, key=_prompt_key)
+                    other = rows.loc[rows["prompt_id"] == first, "step"].min()
+                    raise BadInput(f"{where}: run '{run_id}' step {step:g} lacks prompt '{first}' (scored at step "
+                                   f"{other:g}; {len(lacking)} prompt(s) missing at this step): every step of a run "
+                                   "needs the same prompts")
+        if not everywhere:  # every batch is missing somewhere: name the step with the fewest prompts
+            per_step = g.groupby("step")["prompt_id"].agg(set)
+            step, got = min(per_step.items(), key=lambda item: len(item[1]))
+            lacking = min(set(g["prompt_id"]) - got, key=_prompt_key)
+            raise BadInput(f"{where}: run '{run_id}' step {step:g} lacks prompt '{lacking}': every step of a run "
+                           "needs the same prompts (no batch of prompts is scored at every step)")
+
+
+def _prompt_key(pid: str) -> tuple:
+    """Sort key of a prompt id: numeric ids by number (the held-out pool's order), then the rest as text."""
+    return (0, int(pid), "") if pid.isdigit() else (1, 0, pid)
 
 
 def paired_matrix(df_one_run: pd.DataFrame, column: str = "gold_score") -> tuple[np.ndarray, list[str], np.ndarray]:
     """One run's records as (steps ascending, prompt ids, scores[n_steps, n_prompts]); NaN where a step has no
-    score for a prompt (only in files loaded with complete=False). Prompt ids are sorted (the pool order the
-    gate scores prompts in is part of its prompt ids: zero-padded ids sort in that order)."""
+    score for a prompt (an extension batch, or a file loaded with complete=False). Prompt ids are in the held-out
+    pool's order where they are numbers (the gate's ids are their index in the pool), else sorted as text."""
     if df_one_run["run_id"].nunique() > 1:
         raise ValueError("paired_matrix: give the rows of one run (found runs "
                          f"{', '.join(map(str, df_one_run['run_id'].unique()[:3]))}, ...)")
     table = df_one_run.pivot(index="step", columns="prompt_id", values=column).sort_index()
-    table = table.reindex(columns=sorted(table.columns))
+    table = table.reindex(columns=sorted(table.columns, key=_prompt_key))
     return table.index.to_numpy(dtype=float), [str(c) for c in table.columns], table.to_numpy(dtype=float)
 
 

@@ -172,3 +172,70 @@ def test_detect_prompts_refuses_a_mismatch_with_the_trace(tmp_path, capsys, monk
     assert code == 2 and "--prompts needs a detector that reads per-prompt scores" in err
     code, _, err = run_cli(["detect", trace, "--detector", "paired"], capsys, monkeypatch)
     assert code == 2 and "give --prompts" in err
+
+
+# --------------------------------------------------------------------------- extension batches
+
+
+def gate_like(d: Path, extra: int = 216, seed: int = 4) -> tuple[Path, Path]:
+    """One run as `training/gate.py` records it: 24 gate prompts (ids 0-23, one seed for the batch) at 4 checkpoints,
+    and, where the last checkpoint's comparison with the best was close, an extension batch (ids 24.., its own
+    seed) scored for those two checkpoints only. The last checkpoint is 0.06 below the best: about 2 SEs of the
+    paired mean on 24 prompts (undecided), about 7 on 240."""
+    rng = np.random.default_rng(seed)
+    n = 24 + extra
+    difficulty = rng.normal(size=n)
+    quality = {0: 0.0, 10: 0.3, 20: 0.29, 30: 0.24}
+    rows, trace = [], []
+    for step, q in quality.items():
+        y = difficulty + q + rng.normal(0, 0.1, n)
+        ids = range(24) if step in (0, 20) or extra == 0 else range(n)  # steps 10 (best) and 30 were extended
+        rows += [{"run_id": "r", "step": step, "prompt_id": str(j), "gold_score": y[j],
+                  "seed": 7000 if j < 24 else 7001} for j in ids]
+        trace.append({"run_id": "r", "step": step, "eval_score": y[:24].mean()})
+    pd.DataFrame(trace).to_csv(d / "trace.csv", index=False)
+    pd.DataFrame(rows).sample(frac=1.0, random_state=1).to_csv(d / "prompts.csv", index=False)
+    return d / "trace.csv", d / "prompts.csv"
+
+
+def test_extension_batches_are_read_and_decide_a_close_call(tmp_path, capsys, monkeypatch):
+    verdicts = {}
+    for extra in (0, 216):
+        d = tmp_path / str(extra)
+        d.mkdir()
+        trace, prompts = gate_like(d, extra)
+        df = load_prompt_records(prompts)
+        steps, ids, scores = paired_matrix(df)
+        assert ids[:3] == ["0", "1", "2"] and len(ids) == 24 + extra  # the pool's order, not text order
+        assert np.isnan(scores[[0, 2], 24:]).all() and np.isfinite(scores[[1, 3]]).all()
+        code, _, err = run_cli(["detect", trace, "--prompts", prompts, "--out", d / "v.csv"], capsys, monkeypatch)
+        assert code == 0, err
+        verdicts[extra] = pd.read_csv(d / "v.csv").iloc[0]
+    assert verdicts[0]["stopped"] == 0  # 24 prompts cannot tell 0.06 from noise
+    assert verdicts[216]["stopped"] == 1 and verdicts[216]["stop_step"] == 30 and verdicts[216]["best_step"] == 10
+
+
+def test_a_broken_extension_batch_is_named(tmp_path):
+    _, prompts = gate_like(tmp_path)
+    _rewrite(prompts, lambda df: df.drop(df[_at(df, "r", "30", "100")].index))
+    with pytest.raises(BadInput, match="run 'r' step 30 lacks prompt '100' "):
+        load_prompt_records(prompts)
+    _, prompts = gate_like(tmp_path)
+    _rewrite(prompts, lambda df: df.drop(df[_at(df, "r", "20", "5")].index))  # a gate prompt
+    with pytest.raises(BadInput, match="run 'r' step 20 lacks prompt '5' "):
+        load_prompt_records(prompts)
+    _, prompts = gate_like(tmp_path)
+    # step 0 scored on the extension batch only: the gate's batch is missing there, the extension's at step 20
+    _rewrite(prompts, lambda df: pd.concat([df[df.step != "0"], df[(df.step == "10") & (df.seed == "7001")]
+                                            .assign(step="0")]))
+    with pytest.raises(BadInput, match="run 'r' step 20 lacks prompt '24'.*no batch of prompts is scored at every"):
+        load_prompt_records(prompts)
+
+
+def test_an_explicit_batch_column(tmp_path):
+    _, prompts = gate_like(tmp_path)
+    _rewrite(prompts, lambda df: df.assign(batch=np.where(df.seed == "7000", "0", "1"), seed="5"))
+    assert len(load_prompt_records(prompts)) == 4 * 24 + 2 * 216
+    _rewrite(prompts, lambda df: df.assign(batch="0"))  # all one batch: the extension prompts are then missing
+    with pytest.raises(BadInput, match="step 0 lacks prompt '24'"):
+        load_prompt_records(prompts)
