@@ -1,4 +1,4 @@
-# Two entry points (DESIGN.md set-up contract): both create or reuse .venv/ and install into it.
+# Two entry points (the set-up contract, docs/ARCHITECTURE.md): both create or reuse .venv/ and install into it.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin

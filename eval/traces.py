@@ -1,4 +1,5 @@
-"""Trace CSV (DESIGN.md): one row per run and checkpoint, long format, rows in any order, ids any string.
+"""Trace CSV (its contract: docs/ARCHITECTURE.md, File formats): one row per run and checkpoint, long format, rows in
+any order, ids any string.
 
 Required: run_id, step, eval_score. Optional: reward, loss, kl, entropy, grad_norm, response_len,
 tenant, label (1 = hacking, 0 = healthy), progress (the run's own step fraction; when absent it is

@@ -1,4 +1,4 @@
-"""Export a run's per-step metrics as the DESIGN.md "Trace CSV" (input of `rlhfops detect` / `health`).
+"""Export a run's per-step metrics as a Trace CSV (docs/ARCHITECTURE.md; input of `rlhfops detect` / `health`).
 
 Columns: run_id, step, eval_score, reward, loss, kl, entropy, grad_norm, response_len, label.
 One row per eval gate (the steps where the held-out gold evaluation ran): `eval_score` is the gold

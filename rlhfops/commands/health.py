@@ -9,7 +9,7 @@ import typer
 
 from common.errors import BadInput
 
-#: optional per-step columns the catalog reads beyond DESIGN.md's trace columns (the trainer's StepRecord
+#: optional per-step columns the catalog reads beyond the Trace CSV's (docs/ARCHITECTURE.md) (the trainer's StepRecord
 #: carries them; older traces simply lack them)
 EXTRA_COLUMNS = ("truncation_rate", "unparseable_rate", "gpu_seconds", "staleness", "reward_std")
 ALERT_COLUMNS = ["run_id", "alert", "severity", "fired_step", "detail"]
