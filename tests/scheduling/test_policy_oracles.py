@@ -1,0 +1,253 @@
+"""Each scheduler policy's ranking on a hand workload, against the order and the completion times derived by hand
+in the comments (1 GPU unless said, restart overhead 2 min); saved compute with non-zero eval minutes; the
+simulator's best-checkpoint bookkeeping on ties ("ties go to the earlier checkpoint").
+
+Aggregate orderings ("A's JCT beats B's") hold for a uniformly broken policy too; these pin the exact times. Every
+scenario runs on both engine paths (coalesced checkpoints and one event per checkpoint): each must match the hand
+numbers, not merely each other."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scheduling.engine import simulate
+from scheduling.jobview import JobView
+from scheduling.metrics import job_table, summarize
+from scheduling.policies import FIFO, EvalSched, LossAware, SJFEst, SRTFEst, parse_scheduler
+from scheduling.workload import JOB_TYPES, Workload
+
+# tiny workloads: a runaway (a preemption ping-pong grows the event heap without end) fails in seconds, not minutes
+pytestmark = pytest.mark.memory_cap(1)
+
+BOTH_PATHS = pytest.mark.parametrize("coalesce", [True, False], ids=["coalesced", "eager"])
+
+
+def workload(jobs: list[dict]) -> Workload:
+    """Jobs as dicts: arrival, gpus, duration, est, eval_minutes, type, hacking, and `cps`: per checkpoint
+    (progress, eval, loss) or (progress, eval, loss, noise-free eval)."""
+    n = len(jobs)
+    cp_start = np.zeros(n + 1, dtype=np.int64)
+    cp_start[1:] = np.cumsum([len(j["cps"]) for j in jobs])
+    flat = [c for j in jobs for c in j["cps"]]
+    return Workload(
+        arrival=np.array([j["arrival"] for j in jobs], float),
+        job_type=np.array([JOB_TYPES.index(j.get("type", "rlhf")) for j in jobs], np.int8),
+        tenant=np.array([j.get("tenant", 0) for j in jobs], np.int16),
+        gpus=np.array([j.get("gpus", 1) for j in jobs], np.int32),
+        duration=np.array([j["duration"] for j in jobs], float),
+        eval_minutes=np.array([j.get("eval_minutes", 0.0) for j in jobs], float),
+        hacking=np.array([j.get("hacking", False) for j in jobs], bool),
+        peak_progress=np.full(n, np.nan),
+        cp_start=cp_start,
+        cp_progress=np.array([c[0] for c in flat], float),
+        cp_eval=np.array([c[1] for c in flat], float),
+        cp_loss=np.array([c[2] for c in flat], float),
+        cp_reward=np.linspace(0.0, 1.0, len(flat)),
+        cp_clean=np.array([c[3] if len(c) > 3 else c[1] for c in flat], float),
+        eval_se=np.full(n, 0.02),
+        est_duration=np.array([j.get("est", j["duration"]) for j in jobs], float),
+    )
+
+
+def one_cp(**job) -> dict:
+    return {"cps": [(1.0, 0.5, 1.0)], **job}
+
+
+def quarters(evals, losses=(2.0, 1.9, 1.8, 1.7), clean=None) -> list[tuple]:
+    clean = clean or evals
+    return [((k + 1) / 4, evals[k], losses[k], clean[k]) for k in range(4)]
+
+
+# ------------------------------------------------------------------------------------------ FIFO and SJF-Est
+# A blocker X holds the GPU until 11 (10 min training + 1 min eval). A arrives at 1 (estimate 50, truly 3 min), B at 2
+# (estimate 5, truly 8 min); each has one checkpoint with a 1-minute eval.
+#   FIFO:    A 11 -> 15, B 15 -> 24                      JCT A 14, B 22
+#   SJF-Est: B (estimate 5 < 50) 11 -> 20, A 20 -> 24    JCT A 23, B 18   (by the estimate, not the true duration)
+FIFO_SJF_JOBS = [one_cp(arrival=0.0, duration=10.0, est=10.0, eval_minutes=1.0),
+                 one_cp(arrival=1.0, duration=3.0, est=50.0, eval_minutes=1.0),
+                 one_cp(arrival=2.0, duration=8.0, est=5.0, eval_minutes=1.0)]
+
+
+@BOTH_PATHS
+@pytest.mark.parametrize("policy, ends", [(FIFO(), [11.0, 15.0, 24.0]), (SJFEst(), [11.0, 24.0, 20.0])],
+                         ids=["FIFO", "SJF-Est"])
+def test_fifo_and_sjf_order_two_waiting_jobs(policy, ends, coalesce):
+    wl = workload(FIFO_SJF_JOBS)
+    res = simulate(wl, policy, gpus=1, coalesce=coalesce)
+    assert res.end.tolist() == pytest.approx(ends)
+    assert res.preemptions.tolist() == [0, 0, 0]
+    jct = job_table(wl, res)["jct"]
+    assert jct.tolist() == pytest.approx([e - a for e, a in zip(ends, [0.0, 1.0, 2.0], strict=True)])
+
+
+@BOTH_PATHS
+def test_sjf_ties_go_to_the_earlier_arrival(coalesce):
+    jobs = [one_cp(arrival=0.0, duration=10.0, est=10.0), one_cp(arrival=1.0, duration=3.0, est=5.0),
+            one_cp(arrival=2.0, duration=8.0, est=5.0)]
+    res = simulate(workload(jobs), SJFEst(), gpus=1, coalesce=coalesce)
+    assert res.end.tolist() == pytest.approx([10.0, 13.0, 21.0])
+
+
+# ------------------------------------------------------------------------------------------------- SRTF-Est
+# A arrives at 0 (20 min, estimate 20); B arrives at 5 (4 min) with estimate `est`. At 5, A's estimated remaining
+# time is 20 - 5 = 15: B preempts A only if it ranks strictly better (est < 15).
+#   est 14: B 5 -> 9; A resumes at 9, pays 2 min overhead, trains its last 15: ends 26; A held the GPU 5 + 17 = 22
+#   est 15: a tie: no preemption. A ends 20, B 20 -> 24
+#   est 18: ranks worse than A's remaining 15 (though better than A's whole estimate 20): A 20, B 24
+@BOTH_PATHS
+@pytest.mark.parametrize("est, ends, preempted, busy_a", [(14.0, [26.0, 9.0], [1, 0], 22.0),
+                                                         (15.0, [20.0, 24.0], [0, 0], 20.0),
+                                                         (18.0, [20.0, 24.0], [0, 0], 20.0)])
+def test_srtf_preempts_only_on_a_strictly_shorter_remaining_estimate(est, ends, preempted, busy_a, coalesce):
+    jobs = [one_cp(arrival=0.0, duration=20.0, est=20.0), one_cp(arrival=5.0, duration=4.0, est=est)]
+    res = simulate(workload(jobs), SRTFEst(), gpus=1, overhead=2.0, coalesce=coalesce)
+    assert res.end.tolist() == pytest.approx(ends)
+    assert res.preemptions.tolist() == preempted
+    assert res.busy[0] == pytest.approx(busy_a)
+
+
+# ------------------------------------------------------------------------------------------------ LossAware
+# A (arrives 0, 40 min, checkpoints every 10 min) losses 2.0, 1.0, 0.9, 0.85; B (arrives 15, 40 min) losses
+# 3.0, 2.9, 2.8, 2.7. Rank: -(relative loss drop of the last interval); fewer than two checkpoints ranks first.
+#   15: B arrives (rank -inf); A also has one checkpoint (-inf): a tie, no preemption.
+#   20: A's 2nd checkpoint: drop 50% -> -0.5, worse than B's -inf: B preempts A (A has trained 20 min).
+#   40: B's 2nd checkpoint: drop 0.1/3 -> -0.033, worse than waiting A's -0.5: A preempts B (B trained 20).
+#   40: A resumes: 2 min overhead + 10 -> 3rd checkpoint at 52 (drop 10% -> -0.1, still better than B's -0.033);
+#       4th at 62: A ends at 62.  B resumes at 62: 2 + 10 -> 74, + 10 -> 84.
+LOSS_JOBS = [dict(arrival=0.0, duration=40.0, est=40.0, cps=quarters([0.5] * 4, (2.0, 1.0, 0.9, 0.85))),
+             dict(arrival=15.0, duration=40.0, est=40.0, cps=quarters([0.5] * 4, (3.0, 2.9, 2.8, 2.7)))]
+
+
+@BOTH_PATHS
+def test_loss_aware_gives_the_gpu_to_the_faster_improving_job(coalesce):
+    res = simulate(workload(LOSS_JOBS), LossAware(), gpus=1, overhead=2.0, coalesce=coalesce)
+    assert res.end.tolist() == pytest.approx([62.0, 84.0])
+    assert res.preemptions.tolist() == [1, 1]
+    assert res.busy.tolist() == pytest.approx([20.0 + 22.0, 20.0 + 22.0])
+
+
+def view(loss=(), evals=(), est=100.0, attained=0.0) -> JobView:
+    v = JobView(0, "rlhf", 0, 1, 0.0, est)
+    v.loss_history, v.eval_history, v.attained = list(loss), list(evals), attained
+    return v
+
+
+def test_loss_aware_rank_by_hand():
+    p = LossAware().priority
+    assert p(view([])) == p(view([2.0])) == -np.inf
+    assert p(view([9.0, 2.0, 1.0])) == pytest.approx(-0.5)  # the last interval only: (2 - 1) / 2
+    assert p(view([2.0, 3.0])) == pytest.approx(0.5)  # a rising loss ranks behind
+    assert p(view([-2.0, -3.0])) == pytest.approx(-0.5)  # relative to |prev|
+    assert p(view([0.0, -1.0])) == pytest.approx(-1e12)  # prev 0: divided by the 1e-12 floor
+
+
+# ------------------------------------------------------------------------------------------------ EvalSched
+# A (arrives 0, 40 min, estimate 40) evals 0.5, 0.6, then `third`, 0.5; B arrives at 5 (20 min, estimate 100,
+# checkpoints at 10 and 20 min of training). SRTF-Est order: at 5 A's remaining 35 < 100, B waits.
+#   third = 0.55 (below the peak 0.6): at 30 A is post-peak and goes behind B: B 30 -> 50; A resumes at 50,
+#           2 min overhead + 10 -> ends 62.                         JCT A 62, B 45
+#   third = 0.60 (equal to the peak: not below it): no penalty; A ends 40, B 40 -> 60.   JCT A 40, B 55
+@BOTH_PATHS
+@pytest.mark.parametrize("third, ends, preempted", [(0.55, [62.0, 50.0], [1, 0]), (0.60, [40.0, 60.0], [0, 0])],
+                         ids=["post-peak", "plateau"])
+def test_evalsched_sends_a_post_peak_job_behind_every_other(third, ends, preempted, coalesce):
+    jobs = [dict(arrival=0.0, duration=40.0, est=40.0, cps=quarters([0.5, 0.6, third, 0.5])),
+            dict(arrival=5.0, duration=20.0, est=100.0, cps=[(0.5, 0.4, 1.0), (1.0, 0.5, 0.9)])]
+    res = simulate(workload(jobs), EvalSched(), gpus=1, overhead=2.0, coalesce=coalesce)
+    assert res.end.tolist() == pytest.approx(ends)
+    assert res.preemptions.tolist() == preempted
+
+
+def test_evalsched_rank_by_hand():
+    p = EvalSched().priority
+    assert p(view(evals=[], est=100.0, attained=30.0)) == 70.0  # SRTF-Est before any eval
+    assert p(view(evals=[0.4], est=100.0, attained=30.0)) == 70.0
+    assert p(view(evals=[0.4, 0.6], est=100.0, attained=30.0)) == 70.0  # rising
+    assert p(view(evals=[0.6, 0.6], est=100.0, attained=30.0)) == 70.0  # at its peak (a tie is not below it)
+    assert p(view(evals=[0.6, 0.5], est=100.0, attained=30.0)) == 70.0 + 1e9  # post-peak at its 2nd eval
+    assert p(view(evals=[0.3, 0.9, 0.5, 0.8], est=100.0, attained=130.0)) == 1e9  # remaining floors at 0
+
+
+def test_srtf_and_sjf_rank_by_hand():
+    assert SRTFEst().priority(view(est=100.0, attained=30.0)) == 70.0
+    assert SRTFEst().priority(view(est=100.0, attained=130.0)) == 0.0
+    assert SJFEst().priority(view(est=100.0, attained=30.0)) == 100.0
+    v = JobView(0, "rlhf", 0, 1, 7.5, 100.0)
+    assert FIFO().priority(v) == 7.5
+
+
+# ------------------------------------------------- the EarlyStop wrapper, saved compute with eval minutes
+# 2 GPUs, FIFO under StopAt0.5 (the paper's StopAt stops RLHF jobs only).
+# A: RLHF, 2 GPUs, 40 min, 3-minute evals at 1/4, 1/2, 3/4, 1: lands 13, 26 -> stopped at 26 (progress 0.5).
+#    Saved per GPU: the training it skipped (0.5 x 40 = 20) + the two evals it skipped (2 x 3 = 6) = 26 min.
+# B: DPO, 2 GPUs, 20 min, 2-minute evals at 1/2 and 1: out of StopAt's scope; starts at 26: 38, ends 50.
+# Planned GPU-minutes: A 2 x (40 + 4 x 3) = 104, B 2 x (20 + 2 x 2) = 48; saved fraction 2 x 26 / 152.
+STOP_JOBS = [dict(arrival=0.0, gpus=2, duration=40.0, eval_minutes=3.0, cps=quarters([0.5, 0.7, 0.6, 0.4])),
+             dict(arrival=1.0, gpus=2, duration=20.0, eval_minutes=2.0, type="dpo",
+                  cps=[(0.5, 0.4, 1.0), (1.0, 0.5, 0.9)])]
+
+
+@BOTH_PATHS
+def test_early_stop_wrapper_saved_compute_with_eval_minutes(coalesce):
+    wl = workload(STOP_JOBS)
+    res = simulate(wl, parse_scheduler("StopAt0.5+FIFO"), gpus=2, coalesce=coalesce)
+    assert res.end.tolist() == pytest.approx([26.0, 50.0])
+    assert res.stopped.tolist() == [True, False]
+    assert res.saved_minutes.tolist() == pytest.approx([20.0 + 6.0, 0.0])
+    assert res.busy.tolist() == pytest.approx([26.0, 24.0])
+    jobs = job_table(wl, res)
+    assert jobs["saved_gpu_minutes"].tolist() == pytest.approx([52.0, 0.0])
+    assert jobs["planned_gpu_minutes"].tolist() == pytest.approx([104.0, 48.0])
+    assert jobs["gpu_minutes"].tolist() == pytest.approx([52.0, 48.0])
+    assert jobs["checkpoints"].tolist() == [2, 2]
+    assert jobs["jct"].tolist() == pytest.approx([26.0, 49.0])
+    assert summarize(jobs, tenants=1)["saved_frac"] == pytest.approx(52.0 / 152.0)
+    # the base alone runs A to the end: 4 x (10 + 3) = 52, then B 52 -> 76, nothing saved
+    base = simulate(wl, FIFO(), gpus=2, coalesce=coalesce)
+    assert base.end.tolist() == pytest.approx([52.0, 76.0]) and not base.saved_minutes.any()
+
+
+@BOTH_PATHS
+def test_early_stop_at_the_last_checkpoint_saves_nothing(coalesce):
+    # StopAt1 fires at A's final checkpoint: stopped (it keeps its best, not its final model) but nothing is saved
+    wl = workload(STOP_JOBS[:1])
+    res = simulate(wl, parse_scheduler("StopAt1+FIFO"), gpus=2, coalesce=coalesce)
+    assert res.stopped.tolist() == [True] and res.end.tolist() == pytest.approx([52.0])
+    assert res.saved_minutes.tolist() == [0.0]
+    assert job_table(wl, res)["stop_phase"].tolist() == ["at_end"]
+
+
+# ------------------------------------------------------------------------------- best checkpoint: ties
+# Evals 0.5, 0.7, 0.7, 0.4: the best is the 2nd checkpoint (flat index 1), not the tied 3rd. The noise-free evals
+# differ at the tie (0.7 vs 0.6), so the checkpoint a stopped job keeps shows in its regret and kept quality.
+TIE = quarters([0.5, 0.7, 0.7, 0.4], clean=[0.5, 0.7, 0.6, 0.4])
+
+
+@BOTH_PATHS
+def test_simulator_best_checkpoint_tie_goes_to_the_earlier(coalesce):
+    wl = workload([dict(arrival=0.0, duration=40.0, cps=TIE, hacking=True)])
+    finished = simulate(wl, FIFO(), gpus=1, coalesce=coalesce)
+    assert finished.best_index.tolist() == [1] and finished.best_eval.tolist() == [0.7]
+    assert finished.end_index.tolist() == [3]
+    # StopAt0.75 stops at the 3rd checkpoint (flat index 2) and keeps the 2nd: regret 0.7 - 0.7 = 0, whereas the
+    # tied 3rd would have cost 0.1; kept quality (0.7 - 0.4) / (0.7 - 0.4) = 1; the true peak (a tie in nothing)
+    # is index 1, so the detection delay is 2 - 1 = 1 checkpoint
+    stopped = simulate(wl, parse_scheduler("StopAt0.75+FIFO"), gpus=1, coalesce=coalesce)
+    assert stopped.stopped.tolist() == [True] and stopped.end_index.tolist() == [2]
+    assert stopped.best_index.tolist() == [1]
+    jobs = job_table(wl, stopped)
+    assert jobs["regret"].tolist() == pytest.approx([0.0])
+    assert jobs["quality_kept"].tolist() == pytest.approx([1.0])
+    assert jobs["detection_delay"].tolist() == [1] and jobs["stop_phase"].tolist() == ["after_peak"]
+
+
+@BOTH_PATHS
+def test_true_peak_tie_goes_to_the_earlier_checkpoint(coalesce):
+    # noise-free evals 0.5, 0.7, 0.7, 0.4: the true peak is index 1; a stop at index 2 is one checkpoint late
+    wl = workload([dict(arrival=0.0, duration=40.0, hacking=True,
+                        cps=quarters([0.5, 0.7, 0.6, 0.4], clean=[0.5, 0.7, 0.7, 0.4]))])
+    res = simulate(wl, parse_scheduler("StopAt0.75+FIFO"), gpus=1, coalesce=coalesce)
+    jobs = job_table(wl, res)
+    assert jobs["detection_delay"].tolist() == [1]
+    assert jobs["regret"].tolist() == pytest.approx([0.0])  # kept index 1 (eval 0.7 > 0.6): clean 0.7 = the peak
