@@ -103,15 +103,18 @@ def test_the_sequence_holds_at_every_prompt_count_where_a_peeked_interval_does_n
 # --------------------------------------------------------------------------- healthy runs: the false-stop bound
 
 
-def _runs(rng, runs: int, steps: int, prompts: int, mu: np.ndarray, noise: float = 0.3, tails: float = 0.0):
+def _runs(rng, runs: int, steps: int, prompts: int, mu: np.ndarray, noise: float = 0.3, tails: float = 0.0,
+          binary: bool = False):
     """Scores[runs, steps, prompts]: a fixed difficulty per prompt (SD 1), the checkpoint's quality mu[t], and
-    sampling noise (normal SD `noise`, or Student-t with `tails` degrees of freedom scaled to that SD)."""
+    sampling noise (normal SD `noise`, or Student-t with `tails` degrees of freedom scaled to that SD); `binary`:
+    pass/fail, 1 where that sum is > 0 (a pass@1 gate: most prompts pass or fail at every checkpoint alike)."""
     difficulty = rng.normal(0.0, 1.0, size=(runs, 1, prompts))
     if tails:
         e = rng.standard_t(tails, size=(runs, steps, prompts)) * noise / math.sqrt(tails / (tails - 2))
     else:
         e = rng.normal(0.0, noise, size=(runs, steps, prompts))
-    return difficulty + mu[None, :, None] + e
+    y = difficulty + mu[None, :, None] + e
+    return (y > 0).astype(float) if binary else y
 
 
 def _healthy_curves(steps: int, margin: float) -> dict[str, tuple[float, np.ndarray]]:
@@ -133,13 +136,14 @@ def test_coverage_healthy_runs_are_stopped_at_most_alpha(steps):
     checkpoints: every earlier checkpoint is a candidate reference, the kept one is the best so far. Stops <= alpha
     within a binomial bound (one-sided, 0.1%)."""
     rng = np.random.default_rng(steps)
-    runs = {10: 1500, 30: 1000, 100: 400}[steps]
+    runs = {10: 1000, 30: 600, 100: 300}[steps]
     bound = stats.binom.isf(0.001, runs, 0.02)
     for case, (margin, mu) in _healthy_curves(steps, 0.1).items():
         det = PairedStop(alpha=0.02, margin=margin)
-        for tails in (0.0, 5.0):
-            stop, _ = det.scan_scores(_runs(rng, runs, steps, 64, mu, tails=tails))
-            print(f"\n{steps} checkpoints, {case}, {'t5' if tails else 'normal'} noise: "
+        for noise in ("normal", "t5", "pass/fail"):
+            y = _runs(rng, runs, steps, 64, mu, tails=5.0 if noise == "t5" else 0.0, binary=noise == "pass/fail")
+            stop, _ = det.scan_scores(y)
+            print(f"\n{steps} checkpoints, {case}, {noise} noise: "
                   f"{int((stop >= 0).sum())}/{runs} healthy runs stopped (bound {bound:g})")
             assert (stop >= 0).sum() <= bound, case
 
