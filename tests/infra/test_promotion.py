@@ -202,3 +202,36 @@ def test_checkpoint_evidence_is_the_gate_records_at_its_step(two_prompt_sets):
     assert ev.scores == pytest.approx(rows) and len(rows) == 8
     assert checkpoint_evidence(d) is None  # a directory without config.yaml: no evidence
     assert not math.isnan(sum(ev.scores.values()))
+
+
+# ------------------------------------------------------------------------------------------ rlhfops promote
+def test_rlhfops_promote_copies_a_sweep_version_into_a_job_model_through_the_test(store, tmp_path, model):
+    from click.testing import CliRunner
+
+    from common.errors import BadInput
+    from rlhfops.cli import load_command
+
+    cmd = load_command("promote", "promote")
+    rng = np.random.default_rng(7)
+    job_model, sweep_model = f"{model}-job", f"{model}-sweep"
+    holder_version, _ = register(tmp_path, job_model, "job", pair(rng, 0.0)[1])
+    h = Evidence.from_tags(holder_version.tags | T.client().get_model_version(job_model, holder_version.version).tags)
+    noise = rng.normal(0, 0.3, N)
+    noise -= noise.mean()  # higher by 0.002 on average, by nothing that counts
+    same = Evidence("P", "G", {p: v + 0.002 + e for (p, v), e in zip(h.scores.items(), noise, strict=True)})
+    better = Evidence("P", "G", {p: v + 0.4 for p, v in h.scores.items()})
+    register(tmp_path, sweep_model, "trial-0", same)
+    register(tmp_path, sweep_model, "trial-1", better)  # takes the sweep model's own best
+    assert best_version(sweep_model) == "2"
+
+    kept = CliRunner().invoke(cmd, [f"models:/{sweep_model}/1", "--to", job_model])
+    assert kept.exit_code == 1 and "kept version 1" in kept.output
+    assert best_version(job_model) == str(holder_version.version)  # the job's best stays
+
+    moved = CliRunner().invoke(cmd, [f"models:/{sweep_model}@best", "--to", job_model])
+    assert moved.exit_code == 0 and "promoted" in moved.output
+    mv = T.client().get_model_version_by_alias(job_model, "best")
+    assert mv.tags["promoted_from"] == f"{sweep_model}/2" and float(mv.tags["promotion.diff"]) == pytest.approx(0.4)
+
+    bad = CliRunner().invoke(cmd, [f"models:/{sweep_model}/99", "--to", job_model])
+    assert isinstance(bad.exception, BadInput) and str(bad.exception).startswith("source:")
