@@ -60,6 +60,11 @@ def test_width_against_the_authors_parametrisation_and_an_independent_implementa
     for t, rho2, alpha in [(64, 0.1, 0.05), (500, 0.01, 0.02), (12, 1.0, 1e-4)]:
         theirs = math.sqrt(2 * (t * rho2 + 1) / (t * t * rho2) * math.log(math.sqrt(t * rho2 + 1) / alpha))
         assert float(cs_radius(t, 1.0, alpha, 1.0 / rho2)) == pytest.approx(theirs, rel=1e-12)
+    # the reference values of the paper's first author's library (confseq 0.0.11, Howard et al.:
+    # test/uniform_boundaries_unittest.cpp, "from a reference implementation in R"): the two-sided normal mixture
+    # tuned for v_opt = 100 at alpha 0.05 has rho = 12.60056 and boundary u(100) = 30.35209 (S_n scale, unit SD)
+    assert mixture_r(100, 0.05) == pytest.approx(12.60056, abs=1e-5)
+    assert float(cs_radius(100, 1.0, 0.05, mixture_r(100, 0.05))) * 100 == pytest.approx(30.35209, abs=1e-5)
     # the normal-mixture boundary u(v) of the `ville` package (0.1.0, _boundaries.normal_mixture, computed there):
     # u(64; alpha 0.05, rho 10) = 24.320318593750777, u(100; alpha 0.01, rho 5) = 35.87144539906998 (S_n scale)
     assert float(cs_radius(64, 1.0, 0.05, 10.0)) * 64 == pytest.approx(24.320318593750777, rel=1e-12)
