@@ -181,15 +181,16 @@ class PairedMonitor(Monitor):
         self.pair: tuple[float, float] | None = None  # (reference step, current step) when EXTEND
 
     # ---- feeding scores
-    def observe(self, cp: Checkpoint, scores: Mapping[str, float] | None = None) -> bool:
-        """Record checkpoint `cp` with its per-prompt scores (prompt id -> score, higher is better) and decide.
+    def observe(self, cp: Checkpoint, scores: Mapping[str, float] | np.ndarray | None = None) -> bool:
+        """Record checkpoint `cp` with its per-prompt scores (prompt id -> score, higher is better; or a vector
+        whose position j is prompt id "j", the same prompt at every checkpoint; NaN: not scored) and decide.
         A checkpoint without per-prompt scores is no evidence: the rule never stops on means alone."""
         if scores is None:
             self.verdict, self.comparisons, self.pair = Verdict.CONTINUE, [], None
             return False
         return self.observe_scores(cp.step, scores)
 
-    def observe_scores(self, step: float, scores: Mapping[str, float]) -> bool:
+    def observe_scores(self, step: float, scores: Mapping[str, float] | np.ndarray) -> bool:
         """`observe` without a Checkpoint: a new checkpoint at `step` (after every earlier one)."""
         if self.steps and not step > self.steps[-1]:
             raise ValueError(f"paired rule: step {step:g} is not after the last checkpoint ({self.steps[-1]:g})")
@@ -200,7 +201,7 @@ class PairedMonitor(Monitor):
             self.n_opt = float(max(len(self.rows[0]), self.det.min_prompts))
         return self.decide()
 
-    def add_scores(self, step: float, scores: Mapping[str, float]) -> None:
+    def add_scores(self, step: float, scores: Mapping[str, float] | np.ndarray) -> None:
         """More prompts for an already observed checkpoint (the gate scored the next prompts of its pool for the
         two checkpoints in question); call `recheck` after adding them to both."""
         try:
@@ -214,9 +215,10 @@ class PairedMonitor(Monitor):
         at every number of prompts)."""
         return self.decide()
 
-    def _add(self, i: int, scores: Mapping[str, float]) -> None:
+    def _add(self, i: int, scores: Mapping[str, float] | np.ndarray) -> None:
         row = self.rows[i]
-        for pid, value in scores.items():
+        items = scores.items() if hasattr(scores, "items") else ((str(j), v) for j, v in enumerate(scores))
+        for pid, value in items:
             v = float(value)
             if v != v:
                 continue  # not scored

@@ -198,6 +198,15 @@ def _feed(det: PairedStop, scores: np.ndarray, steps=None) -> tuple[int, object]
     return -1, mon
 
 
+def test_score_vectors_are_prompts_by_position():
+    rng = np.random.default_rng(9)
+    y = _runs(rng, 1, 12, 32, np.concatenate([np.linspace(0, 1, 6), 1 - np.linspace(0, 1.5, 7)[1:]]))[0]
+    by_id, _ = _feed(PairedStop(), y)
+    mon = PairedStop().start()
+    by_vector = next((t for t, row in enumerate(y) if mon.observe(Checkpoint(step=5.0 * t, eval_score=0.0), row)), -1)
+    assert by_id == by_vector == int(PairedStop().scan_scores(y[None])[0][0]) > 5
+
+
 def test_identical_checkpoints_never_stop():
     rng = np.random.default_rng(0)
     row = rng.normal(size=64)
