@@ -129,12 +129,18 @@ def cs_radius(n: np.ndarray | float, sd: np.ndarray | float, a: np.ndarray | flo
 # stopped only when some pair's sequence lies wholly below -margin, i.e. misses its mean: probability <= alpha
 # however many checkpoints, references and extra prompts. Testing every earlier checkpoint (not only the best by
 # mean) costs nothing more: each was paid for. The price of the union is a width that grows like sqrt(log k^3).
+#
+# With a warm-up of w checkpoints (`warmup`: the first w are references only, never judged; a count fixed in
+# advance, so the levels still are), the spending starts at the first judged look: its j-th judged look (the
+# checkpoint with k = w - 1 + j earlier ones, j >= 1) spends alpha / (j (j + 1)) over its k references.
 
 
-def pair_alpha(alpha: float, k: np.ndarray | int) -> np.ndarray | float:
-    """The level of each reference's sequence at look k (k earlier checkpoints): alpha / (k^2 (k + 1))."""
+def pair_alpha(alpha: float, k: np.ndarray | int, j: np.ndarray | int | None = None) -> np.ndarray | float:
+    """The level of each reference's sequence at the j-th judged look, which has k earlier checkpoints:
+    alpha / (j (j + 1) k); j = k without a warm-up, i.e. alpha / (k^2 (k + 1))."""
     k = np.asarray(k, dtype=float)
-    return alpha / (k * k * (k + 1.0))
+    j = k if j is None else np.asarray(j, dtype=float)
+    return alpha / (j * (j + 1.0) * k)
 
 
 # --------------------------------------------------------------------------- 4. the detector
@@ -236,7 +242,8 @@ class PairedMonitor(Monitor):
         sequence lies wholly below -margin."""
         k = len(self.steps) - 1
         self.comparisons, self.pair = [], None
-        if k < 1:
+        first = max(1, self.det.warmup)  # the first judged checkpoint's number of earlier ones
+        if k < first:
             self.verdict = Verdict.CONTINUE
             return False
         det = self.det
@@ -252,7 +259,7 @@ class PairedMonitor(Monitor):
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = d0.sum(axis=1) / n
             sd = np.sqrt(np.where(seen, (d - mean[:, None]) ** 2, 0.0).sum(axis=1) / (n - 1))
-        a = pair_alpha(det.alpha, k)
+        a = pair_alpha(det.alpha, k, k - first + 1)
         radius = cs_radius(np.maximum(n, 1), sd, a, mixture_r(self.n_opt, a))
         judged = n >= det.min_prompts
         upper, lower = mean + radius, mean - radius
@@ -291,7 +298,8 @@ class PairedStop(Detector):
     alpha / (k (k + 1)) at the k-th look, split over its k references) and any number of extra prompts. `margin` is
     in the score's units. A pair is judged once it shares `min_prompts` prompts (the sequence plugs in the sample
     SD, valid as the prompt count grows); `prompts_opt` is where the sequence is tightest (default: the first
-    checkpoint's prompt count, the gate's design).
+    checkpoint's prompt count, the gate's design). The first `warmup` checkpoints are references only, never
+    judged (early training dips and recovers; the spending then starts at the first judged look).
 
     Needs per-prompt scores (`monitor.observe(cp, scores)`, or `rlhfops detect --prompts`): on means alone it
     never stops. The math is in this module's comments, top to bottom."""
@@ -300,7 +308,8 @@ class PairedStop(Detector):
     title = "Paired"
     needs = ("prompt_scores",)
 
-    def __init__(self, alpha: float = 0.02, margin: float = 0.0, min_prompts: int = 10, prompts_opt: int = 0):
+    def __init__(self, alpha: float = 0.02, margin: float = 0.0, min_prompts: int = 10, prompts_opt: int = 0,
+                 warmup: int = 0):
         if not 0.0 < alpha < 1.0:
             raise ValueError("paired: alpha must be in (0, 1)")
         if not (math.isfinite(margin) and margin >= 0.0):
@@ -309,13 +318,16 @@ class PairedStop(Detector):
             raise ValueError("paired: need min_prompts >= 2 and prompts_opt >= 0 (0: the first checkpoint's count)")
         self.alpha, self.margin = float(alpha), float(margin)
         self.min_prompts, self.prompts_opt = int(min_prompts), int(prompts_opt)
+        if warmup < 0:
+            raise ValueError("paired: warmup must be >= 0 (checkpoints that are references only)")
+        self.warmup = int(warmup)
 
     def start(self) -> PairedMonitor:
         return PairedMonitor(self)
 
     def params(self) -> dict[str, Any]:
         return {"alpha": self.alpha, "margin": self.margin, "min_prompts": self.min_prompts,
-                "prompts_opt": self.prompts_opt}
+                "prompts_opt": self.prompts_opt, "warmup": self.warmup}
 
     # ------------------------------------------------------------------- 5. many runs at once
     def scan_scores(self, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -339,14 +351,15 @@ class PairedStop(Detector):
         c = np.einsum("rsp,rtp->rst", yc, yc)
         diag = np.einsum("rss->rs", c)
         n_opt = float(self.prompts_opt or max(p, self.min_prompts))
-        for k in range(1, steps):
+        first = max(1, self.warmup)
+        for k in range(first, steps):
             live = stop < 0
             if not live.any():
                 break
             mean = m[live, k, None] - m[live, :k]
             ss = np.maximum(diag[live, k, None] + diag[live, :k] - 2.0 * c[live, k, :k], 0.0)
             sd = np.sqrt(ss / (p - 1))
-            a = float(pair_alpha(self.alpha, k))
+            a = float(pair_alpha(self.alpha, k, k - first + 1))
             upper = mean + cs_radius(p, sd, a, mixture_r(n_opt, a))
             fired = (upper < -self.margin).any(axis=1)
             idx = np.flatnonzero(live)[fired]

@@ -84,6 +84,11 @@ def test_alpha_spent_over_looks_and_references_sums_to_alpha():
     assert spent[-1] <= 0.02
     assert spent[-1] == pytest.approx(0.02 * (1 - 1 / 200001), rel=1e-9)  # sum 1/(k(k+1)) telescopes
     assert spent[0] == pytest.approx(0.01)
+    # with a warm-up of 5 checkpoints the first judged look has 5 references and spends alpha / 2 over them
+    j = k[:-5]
+    spent = np.cumsum((j + 4) * pair_alpha(0.02, j + 4, j))
+    assert spent[0] == pytest.approx(0.01) and spent[-1] <= 0.02
+    assert float(pair_alpha(0.02, 5, 1)) == pytest.approx(0.02 / 2 / 5)
 
 
 def test_the_sequence_holds_at_every_prompt_count_where_a_peeked_interval_does_not():
@@ -153,15 +158,17 @@ def test_coverage_healthy_runs_are_stopped_at_most_alpha(steps):
             assert (stop >= 0).sum() <= bound, case
 
 
-def test_coverage_at_a_loose_alpha_is_still_bounded():
+@pytest.mark.parametrize("warmup", [0, 5])
+def test_coverage_at_a_loose_alpha_is_still_bounded(warmup):
     """alpha 0.2, no margin, flat runs of 30 checkpoints with 16 prompts: the bound holds where it is nearer to
-    being used (the sequence plugs in the SD of few prompts)."""
-    rng = np.random.default_rng(3)
-    det = PairedStop(alpha=0.2, margin=0.0)
+    being used (the sequence plugs in the SD of few prompts); with a warm-up too (its spending starts later)."""
+    rng = np.random.default_rng(3 + warmup)
+    det = PairedStop(alpha=0.2, margin=0.0, warmup=warmup)
     runs = 1500
     stop, _ = det.scan_scores(_runs(rng, runs, 30, 16, np.zeros(30)))
-    print(f"\nalpha 0.2, 16 prompts, 30 flat checkpoints: {int((stop >= 0).sum())}/{runs} stopped")
+    print(f"\nalpha 0.2, warm-up {warmup}, 16 prompts, 30 flat checkpoints: {int((stop >= 0).sum())}/{runs} stopped")
     assert (stop >= 0).sum() <= stats.binom.isf(0.001, runs, 0.2)
+    assert (stop < 0).all() or stop[stop >= 0].min() >= max(1, warmup)
 
 
 # --------------------------------------------------------------------------- power and the kept checkpoint
@@ -218,9 +225,10 @@ def test_identical_checkpoints_never_stop():
         assert (s == -1).all()
 
 
-def test_monitor_and_scan_agree():
+@pytest.mark.parametrize("warmup", [0, 4])
+def test_monitor_and_scan_agree(warmup):
     rng = np.random.default_rng(5)
-    det = PairedStop(alpha=0.05, margin=0.05)
+    det = PairedStop(alpha=0.05, margin=0.05, warmup=warmup)
     mu = np.concatenate([np.linspace(0, 1, 12), 1 - np.linspace(0, 0.8, 13)[1:]])
     y = np.concatenate([_runs(rng, 30, len(mu), 32, mu), _runs(rng, 30, len(mu), 32, np.zeros(len(mu)))])
     stop, kept = det.scan_scores(y)
@@ -283,7 +291,7 @@ def test_means_alone_and_few_prompts_never_stop():
 
 
 @pytest.mark.parametrize("bad", [{"alpha": 0.0}, {"alpha": 1.0}, {"margin": -0.1}, {"margin": math.inf},
-                                 {"min_prompts": 1}])
+                                 {"min_prompts": 1}, {"warmup": -1}])
 def test_parameters_are_checked(bad):
     with pytest.raises(ValueError, match="paired"):
         PairedStop(**bad)
