@@ -32,11 +32,10 @@ MIN_AFTER_PEAK = 2
 
 SPLIT_SALT = "rlhfops-corpus-split-v1"
 SPLITS = ("tune", "report")
-#: sources recorded after a version of the default detector was fixed, each held out whole as a split of its own
-#: (never split): `fresh` after noisepatience v5, `holdout` declared before v6 and read after it, `gate128` a
-#: re-measurement of holdout runs (PAIRED_SPLITS); `twin64` and `gate256` declared after v6 was committed, the same
-#: new runs scored by a 64-prompt and a 256-prompt gate; `sealed64` and `sealed256` the same design again, kept
-#: unread (data/sealed/) until v7 was committed; `sealed8_64` and `sealed8_256` once more, unread until v8 was
+#: sources recorded after some version of the default detector was fixed, each held out whole as a split of its own
+#: (never split) so it can check that version on runs it never saw; which version each one checked is in
+#: docs/CHANGELOG.md. `gate128`, `gate256`, `sealed256` and `sealed8_256` score another split's runs with a larger
+#: eval gate (PAIRED_SPLITS); the `sealed*` sources were kept unread in data/sealed/ until their version was committed.
 HELD_OUT_SOURCES = {"own_ppo_fresh": "fresh", "own_ppo_holdout": "holdout", "own_ppo_gate128": "gate128",
                     "own_ppo_twin64": "twin64", "own_ppo_gate256": "gate256", "own_ppo_sealed64": "sealed64",
                     "own_ppo_sealed256": "sealed256", "own_ppo_sealed8_64": "sealed8_64",
@@ -45,9 +44,8 @@ ALL_SPLITS = (*SPLITS, *HELD_OUT_SOURCES.values())
 #: splits that re-measure another split's runs (same training, another eval gate): reported beside that split,
 #: never pooled with it (a run would count twice). Run ids differ only in their first path part.
 PAIRED_SPLITS = {"gate128": "holdout", "gate256": "twin64", "sealed256": "sealed64", "sealed8_256": "sealed8_64"}
-#: the parts the current default's parameters (noisepatience v9 = v7's, `rlhfops select-detector`) were chosen and
-#: calibrated on. Reported, never pooled as unseen. (v8, chosen on these and `sealed64`, lost its unseen check on
-#: `report` + `sealed8_64` to v7, which v9 restored: configs/detectors.yaml's changelog.)
+#: the parts the current default's parameters (configs/detectors.yaml, chosen by `rlhfops select-detector`) were
+#: chosen and calibrated on: reported as in-sample, never pooled as unseen
 CHOSEN_ON_SPLITS = ("tune", "fresh", "holdout", "twin64")
 
 

@@ -6,7 +6,7 @@ bar) while the proxy still rises:
 
 - every one of the last `patience` evals sits below the run's best by more than `z` noise SDs, the noise being
   the run's own, estimated online from its eval series (MAD of second differences / sqrt 6, floored by the
-  gate's standard error where the trace reports one: `eval.detectors.RunNoise`);
+  gate's standard error where the trace reports one: `eval.noise.RunNoise`);
 - and by more than `drawdown` of the range the run has covered so far (a very smooth curve, whose noise
   estimate is near zero, is not stopped for a dip in its last digits);
 - and, on a run that records the proxy reward, the proxy still rises over the last `patience` checkpoints
@@ -27,7 +27,7 @@ has no proxy to confirm a single bad eval with; such runs are judged by the pati
 
 The rule judges a run only once it has `WARMUP` checkpoints (the own noise estimate needs 6 second
 differences). A short run that reports its gate's SE, like the simulator's 7-checkpoint RLHF jobs, never gets
-there: it is judged by the divergence slope test on the gate's SE (`eval.detectors.Divergence`'s gate phase,
+there: it is judged by the divergence slope test on the gate's SE (`eval.stop_rules.Divergence`'s gate phase,
 bars `z_gate` and `short_ratio`, chosen on the simulator), and only once the trainer reports at least
 `gate_from` of its planned steps done (`Checkpoint.progress`; NaN: unknown, no such stop). Real PPO runs dip
 by several gate SEs early and recover (the corpus's own-PPO runs did), so a slope test that early stops

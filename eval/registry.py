@@ -1,8 +1,7 @@
 """Every early-stop detector and every run-health alert, by name: the one registry.
 
 Each family is listed here explicitly, class by class, so what a name means never depends on which module
-was imported first (the alerts used to add themselves to the detector registry when `eval.health` was
-imported). Nothing registers itself; the mappings are read-only. To add a detector or an alert, write its
+was imported first: nothing registers itself, and the mappings are read-only. To add a detector or an alert, write its
 class in its own module and list it below.
 
     detector_class("divergence")        # -> Divergence (ValueError naming the choices if unknown)

@@ -1,7 +1,7 @@
 """Choose the default detector's shape on the corpus parts already seen, by a rule fixed before it runs.
 
-The rule, fixed before any candidate was scored (v7's in the commit that added this module; v8's, which adds the
-mean-rule candidates and the `sealed64` part, in the commit that added `mean_window`):
+The rule, declared in a commit before any candidate was scored (docs/CHANGELOG.md says which rule chose which
+version):
 
 1. Candidates: `noisepatience` judging every eval of its patience window (`mean_window` 0) with `patience` in
    PATIENCE, `drawdown` in DRAWDOWN and the deep-drop path (`fast_window`, `fast_ratio`) in FAST_PATHS; and
@@ -36,7 +36,7 @@ import pandas as pd
 from eval.detectors import make_detector
 
 DETECTOR = "noisepatience"
-#: v8's rule: every part read before it except the report half and the paired re-measurements
+#: the parts read before the last selection ran, except the report half and the paired re-measurements
 SELECTION_SPLITS = ("tune", "fresh", "holdout", "twin64", "sealed64")
 TARGET_FSR = 0.02
 PATIENCE = (4, 5, 6)
