@@ -223,13 +223,21 @@ def distributions(spec: SweepSpec) -> dict[str, Any]:
 
 
 def make_pruner(spec: SweepSpec, prune: bool):
-    import optuna
+    """The spec's pruner (`eval.sweep_pruners`: incumbent, median, wilcoxon, none or a detector's name)."""
+    from eval.sweep_pruners import make_pruner as named
 
-    if not prune or spec.pruning.detector.lower() == "none":
-        return optuna.pruners.NopPruner()
-    from eval.optuna_pruner import DetectorPruner
+    return named("none" if not prune else spec.pruning.detector, spec.pruning.params)
 
-    return DetectorPruner(spec.pruning.detector, **spec.pruning.params)
+
+def gate_scores(out_dir: Path | None, step: int) -> dict[str, float]:
+    """The per-prompt gold scores the trainer's gate recorded at `step` in the trial's run directory
+    (`gate_records.csv`, common random numbers: the run's fixed sampling seed), {prompt id: score}."""
+    from training.gate import GATE_RECORDS, read_records
+
+    path = Path(out_dir) / GATE_RECORDS if out_dir is not None else None
+    if path is None or not path.is_file():
+        return {}
+    return {r["prompt_id"]: float(r["gold_score"]) for r in read_records(path) if int(r["step"]) == int(step)}
 
 
 def check_pruning(spec: SweepSpec) -> None:
@@ -347,8 +355,9 @@ class SweepRunner:
         return None
 
     # ---- one trial ----------------------------------------------------------------------------------------
-    def _observer(self, trial, seed_index: int, steps: int) -> Observer:
+    def _observer(self, trial, seed_index: int, steps: int, out_dir: Path | None = None) -> Observer:
         from eval.optuna_pruner import report_checkpoint
+        from eval.sweep_pruners import stop_reason
 
         def observe(step: int, m: dict[str, Any]) -> str | None:
             global_step = seed_index * steps + step
@@ -357,9 +366,10 @@ class SweepRunner:
                 m.get("wall_s", 0.0)) * self.spec.gpus_per_trial
             with self._lock:
                 report_checkpoint(trial, global_step, m.get("gold_eval", math.nan), se=m.get("gold_eval_se", math.nan),
-                                  reward=m.get("reward_mean", math.nan), series=seed_index)
+                                  reward=m.get("reward_mean", math.nan), series=seed_index,
+                                  prompts=gate_scores(out_dir, step))
                 if self.prune and trial.should_prune():
-                    return f"pruned by the {trial.study.pruner.name} detector at step {step}"
+                    return stop_reason(trial.study.pruner, trial.study, trial, step)
             return None
 
         return observe
@@ -385,7 +395,7 @@ class SweepRunner:
             for i in range(spec.seeds_per_trial):
                 cfg = trial_config(spec, params, i, self.base_dir)
                 out = spec.run_dir / f"trial-{trial.number:04d}" / f"seed-{i}"
-                o = self.trial_fn(cfg, self._observer(trial, i, cfg.steps), out_dir=out, overlap=spec.overlap,
+                o = self.trial_fn(cfg, self._observer(trial, i, cfg.steps, out), out_dir=out, overlap=spec.overlap,
                                   ledger=self.ledger, run_id=res.run_id or f"{spec.name}/trial-{trial.number}",
                                   tenant=spec.tenant, gpu_kind=spec.gpu_kind, gpus=spec.gpus_per_trial)
                 outcomes.append(o)

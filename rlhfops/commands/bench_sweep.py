@@ -1,9 +1,12 @@
-"""`rlhfops bench sweep`: the example sweep run twice from the same sampler seed, with and without the platform's
-detector as pruner: GPU-seconds, wall, trials pruned, best held-out score with its SE."""
+"""`rlhfops bench sweep`: the example sweep run four times from the same sampler seed, in one process: without
+pruning, with the incumbent pruner (`eval.incumbent_pruner`: paired per-prompt evidence against the best finished
+trial), with Optuna's `MedianPruner` and with its `WilcoxonPruner`: GPU-seconds, PPO steps, wall, trials pruned,
+best held-out score with its SE, and the machine's load average around each run."""
 
 from __future__ import annotations
 
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -11,83 +14,125 @@ import typer
 
 from common.errors import BadInput
 
+#: the bench's runs, in the order they run: JSON key -> the sweep spec's `pruning.detector` (None: no pruning)
+VARIANTS = {"unpruned": None, "pruned": "incumbent", "median": "median", "wilcoxon": "wilcoxon"}
+
 
 def one_run(spec, ledger_factory, prune: bool, console) -> dict:
+    import os
+
     from rlhfops.commands.sweep import progress_events, results_table
     from tasks.sweep import run_sweep
 
     progress, on_event, begin = progress_events(console)
     begin(spec.name, 0, spec.trials)
+    load_before = os.getloadavg()[0]
     with progress:
         summary = run_sweep(spec, ledger_factory(), prune=prune, resume=False, on_event=on_event)
-    console.print(results_table(summary, f"{spec.name}: {'pruning' if prune else 'no pruning'}"))
+    pruner = spec.pruning.detector if prune else "none"
+    console.print(results_table(summary, f"{spec.name}: pruner {pruner}"))
     best = summary.get("best") or {}
-    return {"gpu_seconds": summary["gpu_seconds"], "wall_s": summary["wall_s"], "trials": summary["trials_done"],
+    return {"pruner": pruner, "pruning_params": dict(spec.pruning.params) if prune else {},
+            "load_avg_1m": [load_before, os.getloadavg()[0]],
+            "gpu_seconds": summary["gpu_seconds"], "wall_s": summary["wall_s"], "trials": summary["trials_done"],
             "trials_pruned": summary["trials_pruned"], "trials_failed": summary["trials_failed"],
             "steps_trained": sum(t["steps"] for t in summary["trials"]),
             "best_score": best.get("objective", math.nan), "best_se": best.get("objective_se", math.nan),
             "best_trial": best.get("number"), "best_params": best.get("params"),
             "mlflow_run_id": summary.get("mlflow_run_id"),
             "per_trial": [{k: t[k] for k in ("number", "params", "state", "objective", "objective_se", "best_step",
-                                             "pruned_at", "steps", "gpu_seconds", "wall_s")}
+                                             "pruned_at", "stop_reason", "steps", "gpu_seconds", "wall_s")}
                           for t in summary["trials"]]}
+
+
+def compare(runs: dict[str, dict]) -> None:
+    """Each run's savings against the unpruned one, in place: `gpu_seconds_saved_frac`, `steps_saved_frac`,
+    `wall_saved_frac`, `best_score_gap` (unpruned best - this best) and `best_within_one_se` (gap within the unpruned
+    best's SE)."""
+    u = runs["unpruned"]
+    for r in runs.values():
+        r["gpu_seconds_saved_frac"] = 1 - r["gpu_seconds"] / u["gpu_seconds"] if u["gpu_seconds"] else math.nan
+        r["steps_saved_frac"] = 1 - r["steps_trained"] / u["steps_trained"] if u["steps_trained"] else math.nan
+        r["wall_saved_frac"] = 1 - r["wall_s"] / u["wall_s"] if u["wall_s"] else math.nan
+        gap = u["best_score"] - r["best_score"]
+        r["best_score_gap"] = gap
+        r["best_within_one_se"] = bool(abs(gap) <= u["best_se"]) if math.isfinite(gap) else False
+
+
+def acceptance(runs: dict[str, dict]) -> dict[str, bool]:
+    """The bar the incumbent pruner (`pruned`) is held to: >= 40% of GPU-seconds saved, its best within one SE of
+    the unpruned best, and more saved than Median and Wilcoxon at a best score no lower than theirs (the same bars
+    on PPO steps, which the machine's load does not inflate, are reported beside them)."""
+    p = runs["pruned"]
+    out = {"gpu_seconds_saved_frac >= 0.40": bool(p["gpu_seconds_saved_frac"] >= 0.40),
+           "|best gap| <= unpruned best SE": bool(p["best_within_one_se"])}
+    for other in ("median", "wilcoxon"):
+        o = runs[other]
+        out[f"saves more GPU-seconds than {other}"] = bool(p["gpu_seconds_saved_frac"] > o["gpu_seconds_saved_frac"])
+        out[f"saves more PPO steps than {other}"] = bool(p["steps_saved_frac"] > o["steps_saved_frac"])
+        out[f"best score >= {other}'s"] = bool(p["best_score"] >= o["best_score"])
+    return out
 
 
 def register_bench(bench_app: typer.Typer) -> None:
     @bench_app.command("sweep")
     def bench_sweep_cmd(
-        spec: Path = typer.Option(Path("configs/sweeps/example.yaml"), "--spec", help="the sweep spec to run twice"),
+        spec: Path = typer.Option(Path("configs/sweeps/example.yaml"), "--spec",
+                                  help="the sweep spec to run four times"),
         out: Path = typer.Option(None, "--out", help="write the JSON here"),
         work: Path = typer.Option(Path("runs/bench-sweep"), "--work",
-                                  help="where both sweeps keep their studies and trials (emptied first)"),
+                                  help="where the four sweeps keep their studies and trials (emptied first)"),
+        trials: int = typer.Option(None, "--trials", help="trials per sweep (default: the spec's)"),
     ) -> None:
-        """The same sweep and sampler seed with and without pruning: GPU-seconds saved, best score kept."""
+        """The same sweep and sampler seed without pruning, with the incumbent pruner, Optuna's Median and Wilcoxon
+        pruners: GPU-seconds and PPO steps saved, best score kept."""
         import json
         import platform
 
         from common.validate import check_out_dir, check_out_file
         from infra.ledger import Ledger, load_prices
         from rlhfops.console import make_console
-        from sweeps.spec import trial_config
+        from sweeps.spec import PruningSpec, trial_config
         from tasks.sweep import prepare
 
         check_out_file(out, "out")
         check_out_dir(work, "work")
-        base, _ = prepare(spec)
+        base, _ = prepare(spec, trials)
         if base.storage:
             raise BadInput("spec: storage: the bench keeps its studies in --work; remove storage from the spec")
         console = make_console()
         shutil.rmtree(work, ignore_errors=True)
-        # warm starts (the SFT'd base policy, the proxy reward model) are built once, outside both timings
+        # warm starts (the SFT'd base policy, the proxy reward model) are built once, outside every timing
         from training.trainer import Trainer
 
         Trainer(trial_config(base, {k: p.candidates()[0] for k, p in base.space.items()}), base.overlap, None)
         runs = {}
-        for label, prune in (("pruned", True), ("unpruned", False)):
-            spec_run = base.model_copy(update={"name": f"{base.name}-{label}", "out_dir": str(work / label)})
-            runs[label] = one_run(spec_run, lambda: Ledger(load_prices()), prune, console)
-        p, u = runs["pruned"], runs["unpruned"]
-        saved = 1 - p["gpu_seconds"] / u["gpu_seconds"] if u["gpu_seconds"] else math.nan
-        gap = u["best_score"] - p["best_score"]
+        for label, pruner in VARIANTS.items():
+            # the spec's own params go to the pruner it names (the incumbent pruner's alpha and margin, say)
+            params = dict(base.pruning.params) if pruner == base.pruning.detector else {}
+            spec_run = base.model_copy(update={"name": f"{base.name}-{label}", "out_dir": str(work / label),
+                                               "pruning": PruningSpec(detector=pruner or "none", params=params)})
+            runs[label] = one_run(spec_run, lambda: Ledger(load_prices()), pruner is not None, console)
+        compare(runs)
+        p = runs["pruned"]
         result = {
             "spec": str(spec), "sampler": base.sampler.kind, "sampler_seed": base.sampler.seed,
-            "trials": base.trials, "concurrency": base.concurrency, "pruner": base.pruning.detector,
-            "pruned": p, "unpruned": u, "gpu_seconds_saved_frac": saved,
-            "wall_saved_frac": 1 - p["wall_s"] / u["wall_s"] if u["wall_s"] else math.nan,
+            "trials": base.trials, "concurrency": base.concurrency, "pruner": "incumbent", "order": list(VARIANTS),
+            **runs,
+            # the incumbent pruner's figures at the top level, as before the comparison runs were added
+            "gpu_seconds_saved_frac": p["gpu_seconds_saved_frac"], "wall_saved_frac": p["wall_saved_frac"],
             # PPO steps are not inflated by other load on the machine, GPU-seconds (timed phases) are
-            "steps_saved_frac": 1 - p["steps_trained"] / u["steps_trained"] if u["steps_trained"] else math.nan,
-            "best_score_gap": gap,
-            "best_within_one_se": bool(abs(gap) <= u["best_se"]) if math.isfinite(gap) else False,
-            "acceptance": {"gpu_seconds_saved_frac >= 0.30": bool(saved >= 0.30),
-                           "|best gap| <= unpruned best SE": bool(abs(gap) <= u["best_se"])},
-            "python": platform.python_version(), "machine": platform.machine(),
+            "steps_saved_frac": p["steps_saved_frac"], "best_score_gap": p["best_score_gap"],
+            "best_within_one_se": p["best_within_one_se"], "acceptance": acceptance(runs),
+            "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
         }
-        console.print(f"GPU-seconds: pruned {p['gpu_seconds']:.1f}, unpruned {u['gpu_seconds']:.1f} "
-                      f"({saved:.1%} saved); wall {p['wall_s']:.0f}s vs {u['wall_s']:.0f}s; "
-                      f"{p['trials_pruned']} of {p['trials']} trials pruned")
-        console.print(f"best held-out: pruned {p['best_score']:+.4f} ± {p['best_se']:.4f}, unpruned "
-                      f"{u['best_score']:+.4f} ± {u['best_se']:.4f} (gap {gap:+.4f}: "
-                      f"{'within' if result['best_within_one_se'] else 'outside'} one SE)")
+        for label, r in runs.items():
+            console.print(f"{label:>9} ({r['pruner']}): GPU-s {r['gpu_seconds']:.1f} ({r['gpu_seconds_saved_frac']:.1%}"
+                          f" saved), PPO steps {r['steps_trained']} ({r['steps_saved_frac']:.1%} saved), "
+                          f"{r['trials_pruned']} of {r['trials']} pruned, best {r['best_score']:+.4f} ± "
+                          f"{r['best_se']:.4f}, load {r['load_avg_1m'][0]:.1f}-{r['load_avg_1m'][1]:.1f}")
+        verdicts = result["acceptance"].items()
+        console.print("acceptance: " + ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in verdicts))
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(result, indent=2, default=str) + "\n")
