@@ -3,7 +3,7 @@
 `MlflowSweepTracker` is the runner's tracker (sweeps/runner.py `NullTracker` interface) on MLflow: one parent
 run per sweep (key `sweep/<storage>/<name>`: a resumed or extended sweep reopens it), one child per trial (every
 varied param, per-step metrics, final state, pruned-at step, cost, best checkpoint), the best trial's checkpoint
-registered under the tenant's model, the sweep report and the ledger as artifacts of the parent.
+registered under the sweep's own model (`sweep_model`), the sweep report and the ledger as artifacts of the parent.
 
 `run_sweep(...)` checks everything (spec, pruning detector, price of the GPU kind, storage) before a study is opened
 or a slot is taken, closes the MLflow runs a killed process left RUNNING (`infra.tracking.reap_dead_runs`), then runs
@@ -26,6 +26,13 @@ STATE_TAG = "final_state"
 def sweep_key(spec) -> str:
     where = hashlib.sha1(spec.storage_url.encode()).hexdigest()[:10]
     return f"sweep/{where}/{spec.name}"
+
+
+def sweep_model(spec) -> str:
+    """The registered model a sweep's best trial goes to: the spec's `registered_model`, else `<sweep name>-sweep`,
+    the sweep's own; never a job's model (`<tenant>-policy`) unless the spec names it: a trial reaches a job's model
+    through `rlhfops promote`, by the paired test."""
+    return spec.registered_model or f"{spec.name}-sweep"
 
 
 class MlflowSweepTracker:
@@ -96,7 +103,7 @@ class MlflowSweepTracker:
             from tasks.training import register_checkpoint
 
             registry = register_checkpoint.fn(
-                best["run_id"], spec.registered_model or f"{spec.tenant}-policy",
+                best["run_id"], sweep_model(spec),
                 {"checkpoint": best["best_checkpoint"], "step": best["best_step"], "eval_score": best["objective"],
                  "eval_se": best["objective_se"]},
                 spec.tenant, f"{spec.tenant}/{spec.name}/trial-{best['number']}", run_state="SUCCEEDED")

@@ -116,8 +116,10 @@ def test_prune_fail_complete_recorded_in_optuna_mlflow_ledger_and_registry(tmp_p
 
     price = float(load_prices().hourly("cpu"))
     assert kids[str(HEALTHY)].data.metrics["cost_usd"] == pytest.approx(12 / 3600 * price)
-    # the best trial's checkpoint is registered under the tenant's model, with the best alias
-    mv = c.get_model_version_by_alias("acme-policy", "best")
+    # the best trial's checkpoint is registered under the sweep's own model, with the best alias; the tenant's
+    # job model is not touched
+    mv = c.get_model_version_by_alias("t-sweep", "best")
+    assert "acme-policy" not in {m.name for m in c.search_registered_models()}
     assert mv.run_id == kids[str(HEALTHY)].info.run_id and mv.tags["step"] == "12"
     arts = {a.path for a in c.list_artifacts(parent.info.run_id, "report")}
     assert {"report/sweep.md", "report/pareto.png", "report/curves.png"} <= arts
