@@ -235,3 +235,36 @@ def test_rlhfops_promote_copies_a_sweep_version_into_a_job_model_through_the_tes
 
     bad = CliRunner().invoke(cmd, [f"models:/{sweep_model}/99", "--to", job_model])
     assert isinstance(bad.exception, BadInput) and str(bad.exception).startswith("source:")
+
+
+# ------------------------------------------------------------------------------------------ a sweep beside a job
+def test_a_sweep_in_the_nightly_registers_under_its_own_model_and_leaves_the_jobs_best(store, tmp_path, model):
+    """The nightly's sweep stage ends in `MlflowSweepTracker.finish`, the one place a sweep registers: with the job's
+    model already holding `best`, the sweep's best trial (scoring far higher, on other prompts and budgets) goes to
+    the sweep's own model and the job's `best` stays."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "sweeps"))
+    from sweep_helpers import BASE
+
+    from tasks.sweep import MlflowSweepTracker, prepare, sweep_model
+
+    job_model = "acme-policy"
+    job_version, _ = register(tmp_path, job_model, "nightly-job", pair(np.random.default_rng(8), 0.0)[1])
+    spec, ledger = prepare({"name": f"{model}-nightly"[:90], "base": BASE,
+                            "space": {"ppo.kl_coef": {"grid": [0.1]}}, "trials": 1, "tenant": "acme",
+                            "out_dir": str(tmp_path / "sweep"), "mlflow_experiment": "sweeps-test"})
+    tracker = MlflowSweepTracker(ledger)
+    tracker.start(spec, resume=False)
+    trial_run = tracker.trial_started(0, {"ppo.kl_coef": 0.1})
+    ckpt = tmp_path / "sweep" / "trial-0000" / "seed-0" / "checkpoints" / "step-000012"
+    ckpt.mkdir(parents=True)
+    (ckpt / "weights.txt").write_text("trial")
+    best = {"number": 0, "run_id": trial_run, "best_checkpoint": str(ckpt), "best_step": 12, "objective": 0.99,
+            "objective_se": 0.01}
+    registry = tracker.finish({"best": best, "trials_done": 1, "trials_pruned": 0, "trials_failed": 0,
+                               "gpu_seconds": 1.0, "wall_s": 1.0}, [])
+    assert registry["model"] == sweep_model(spec) == f"{spec.name}-sweep" and registry["alias_best"]
+    assert best_version(job_model) == str(job_version.version)
+    assert {v.run_id for v in T.client().search_model_versions(f"name = '{job_model}'")} == {job_version.run_id}
