@@ -22,6 +22,8 @@ class Canary:
     expected: str | None
     #: config overrides on top of the shared base (dotted keys)
     overrides: dict = field(default_factory=dict)
+    #: the trainer's overlap mode (the carried-sample alerts need inter-step overlap)
+    overlap: str = "none"
 
 
 CANARIES = (
@@ -30,6 +32,18 @@ CANARIES = (
     Canary("constant_reward", {"kind": "constant_reward"}, "dead_run"),
     Canary("oversized_lr", {"kind": "lr_spike", "factor": 50.0}, "kl_blowup"),
     Canary("gameable_reward", {"kind": "gameable_reward", "bonus": 1.0, "trigger": "z"}, "reward_hacking"),
+)
+
+#: the off-policy alerts' canaries (inter-step overlap). Kept apart from CANARIES until the nightly form's choices
+#: (flows/params.py CanaryName) list them; `run_canary` runs them like any other
+OVERLAP_CANARIES = (
+    # the engine samples at 8x the trainer's temperature: pi_prox/pi_behav spreads on every token (with the
+    # decoupled correction the update does not chase the hot samples, so the mismatch persists)
+    Canary("behaviour_mismatch", {"kind": "behaviour_mismatch", "factor": 8.0}, "low_ess",
+           {"oppo.correction": "decoupled"}),
+    # carried responses get their tokens appended twice on resume: carried samples jump in length against fresh
+    Canary("duplicated_carry", {"kind": "duplicated_carry"}, "carried_length_drift", {"ppo.max_new_tokens": 128},
+           overlap="full"),
 )
 
 
@@ -48,7 +62,7 @@ def base_config(steps: int, fault_at: int, cache_dir: str) -> dict:
 
 
 def canary_spec(canary: Canary, steps: int, fault_at: int, cache_dir: str):
-    """The canary's job: the shared base with its fault and overrides, no run directory, sequential PPO."""
+    """The canary's job: the shared base with its fault and overrides, no run directory, its overlap mode."""
     from common.validate import set_dotted
     from training.config import TrainConfig
     from training.lifecycle import JobSpec
@@ -60,7 +74,7 @@ def canary_spec(canary: Canary, steps: int, fault_at: int, cache_dir: str):
     for key, value in canary.overrides.items():
         set_dotted(raw, key, value)
     return JobSpec(tenant="canary", name=canary.name, config=TrainConfig.model_validate(raw),
-                   run_id=f"canary-{canary.name}", overlap="none", gpu_kind="cpu",
+                   run_id=f"canary-{canary.name}", overlap=canary.overlap, gpu_kind="cpu",
                    run_through_pause=canary.expected is not None)
 
 
