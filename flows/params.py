@@ -8,18 +8,107 @@ fails when they drift apart.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-#: training.trainer.OVERLAPS
-Overlap = Literal["none", "intra", "inter", "full"]
-#: eval.registry.EARLY_STOP_DETECTORS
-#: (the first is the platform default, eval.registry.DEFAULT_DETECTOR)
-DetectorName = Literal["noisepatience", "divergence", "evalstop", "stopat", "lossplateau", "patience", "cusum", "bocpd"]
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError, field_validator
+
+from common.errors import BadInput
+
+# a job's choices live with its request (training/request.py): the overlap modes, the detectors, the alert profiles
+from training.request import (  # noqa: F401 - re-exported for the flows
+    NAME_PATTERN,
+    NAME_RULE,
+    AlertProfile,
+    DetectorName,
+    JobRequest,
+    Overlap,
+    check_name,
+    describe,
+    parse_request,
+)
+
 #: scheduling.experiments.EXPERIMENTS
 ExperimentName = Literal["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E8"]
-#: the alert catalog's profiles in configs/alerts.yaml (None: production thresholds)
-AlertProfile = Literal["canary"]
 #: infra.provision.RUNNERS
 RunnerKind = Literal["thread", "ray"]
 #: training.canaries.CANARIES
 CanaryName = Literal["control", "frozen_sync", "constant_reward", "oversized_lr", "gameable_reward"]
+
+
+#: the default round: five tenants, one job each; two are set up to over-optimise the proxy reward
+DEFAULT_JOBS: list[dict[str, Any]] = [
+    {"tenant": "acme", "name": "healthy-kl", "overrides": {"ppo.kl_coef": 0.2}},
+    {"tenant": "globex", "name": "gameable", "overrides": {"fault.kind": "gameable_reward", "fault.bonus": 1.0,
+                                                            "fault.at_step": 2}},
+    {"tenant": "initech", "name": "healthy", "overrides": {}},
+    {"tenant": "umbrella", "name": "weak-kl", "overrides": {"ppo.kl_coef": 0.0, "ppo.actor_lr": 1e-3}},
+    {"tenant": "hooli", "name": "short", "overrides": {}, "steps_factor": 0.5},
+]
+
+
+class RoundJob(BaseModel):
+    """One entry of a platform round's `jobs`: a tenant's job on the round's shared small PPO config."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    tenant: str = Field(pattern=NAME_PATTERN, description=f"the customer the job is charged to ({NAME_RULE})")
+    name: str = Field(pattern=NAME_PATTERN, description=f"the job's name within the tenant ({NAME_RULE})")
+    overrides: dict[str, Any] = Field(default_factory=dict, description='dotted config fields, e.g. '
+                                      '{"ppo.kl_coef": 0.1}')
+    gpus: StrictInt = Field(1, ge=1, le=4096, description="GPU worker slots the job holds")
+    steps_factor: StrictFloat | StrictInt = Field(1.0, gt=0, le=100, description="the job's steps as a multiple "
+                                                  "of the round's steps")
+
+    @field_validator("tenant", "name", mode="before")
+    @classmethod
+    def _name(cls, value: Any, info) -> Any:
+        return check_name(value, info.field_name)
+
+
+def platform_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
+    """The canaries' small PPO job (training/canaries.py) with a gate and a checkpoint every 2 steps;
+    one torch thread per job so concurrent jobs share the cores instead of oversubscribing them."""
+    from training.canaries import base_config
+
+    raw = base_config(steps, 0, cache_dir)
+    raw.update(name="platform-ppo", eval_every=2, checkpoint_every=2)
+    raw["oppo"] = {"torch_threads": 1}
+    return raw
+
+
+def round_requests(jobs: list[Any], *, steps: int, slots: int, gpu_kind: str = "cpu", alerts: str | None = None,
+                   alert_profile: str | None = None, out_dir: str = "results/platform",
+                   cache_dir: str = "runs/.cache") -> list[JobRequest]:
+    """A platform round's `jobs` as `JobRequest`s (each job's run directory `out_dir/<tenant>/<name>`, no gate
+    detector: the round's scheduler stops jobs), checked before anything starts. BadInput names `jobs[i].<field>`."""
+    if not isinstance(jobs, list) or not all(isinstance(j, dict | RoundJob) for j in jobs):
+        raise BadInput("jobs: every entry must be an object {tenant, name, overrides, gpus, steps_factor}")
+    out: list[JobRequest] = []
+    seen: dict[tuple[str, str], int] = {}
+    for i, entry in enumerate(jobs):
+        source = f"jobs[{i}]"
+        try:
+            job = entry if isinstance(entry, RoundJob) else RoundJob.model_validate(entry)
+        except ValidationError as err:
+            raise BadInput(describe(err, source)) from None
+        if (job.tenant, job.name) in seen:
+            raise BadInput(f"{source}.name: '{job.tenant}/{job.name}' is also jobs[{seen[job.tenant, job.name]}] "
+                           "(each job of a round needs its own run directory: rename one)")
+        seen[job.tenant, job.name] = i
+        job_steps = max(4, round(steps * float(job.steps_factor)))
+        out.append(parse_request({"config": platform_job_config(job_steps, cache_dir), "overrides": job.overrides,
+                                  "tenant": job.tenant, "name": job.name, "overlap": "full", "steps": job_steps,
+                                  "gpus": job.gpus, "cluster_gpus": slots, "gpu_kind": gpu_kind, "detector": None,
+                                  "alerts": alerts, "alert_profile": alert_profile, "out_root": out_dir}, source))
+    return out
+
+
+def check_round(requests: list[JobRequest]) -> list[Any]:
+    """Each request's `checked()` (training config, catalog, price), an error naming the job: `jobs[i]: ...`."""
+    out = []
+    for i, request in enumerate(requests):
+        try:
+            out.append(request.checked())
+        except BadInput as err:
+            raise BadInput(f"jobs[{i}] ({request.job}): {err}") from None
+    return out

@@ -28,78 +28,41 @@ from prefect.futures import as_completed
 from common.errors import BadInput
 from common.validate import check_out_dir
 from flows import progress
+from flows.params import DEFAULT_JOBS, check_round, platform_job_config, round_requests  # noqa: F401 - re-exported
 from infra import tracking as T
 from infra.provision import gpu_slots, task_runner
 from scheduling.live import LiveRound
 from tasks.timing import clock
 from tasks.tracking import parent_run
-from tasks.training import PrefectJobHooks, resolve_train_config
-from training.lifecycle import JOB_DONE, JobSpec, job_record, paused_run, reopen_paused, run_job
-
-#: the default round: five tenants, one job each; two are set up to over-optimise the proxy reward
-DEFAULT_JOBS: list[dict[str, Any]] = [
-    {"tenant": "acme", "name": "healthy-kl", "overrides": {"ppo.kl_coef": 0.2}},
-    {"tenant": "globex", "name": "gameable", "overrides": {"fault.kind": "gameable_reward", "fault.bonus": 1.0,
-                                                            "fault.at_step": 2}},
-    {"tenant": "initech", "name": "healthy", "overrides": {}},
-    {"tenant": "umbrella", "name": "weak-kl", "overrides": {"ppo.kl_coef": 0.0, "ppo.actor_lr": 1e-3}},
-    {"tenant": "hooli", "name": "short", "overrides": {}, "steps_factor": 0.5},
-]
-
-
-def check_job_spec(spec: dict[str, Any], i: int) -> None:
-    """Types of one `jobs` entry (BadInput naming `jobs[i].<key>`)."""
-    if isinstance(spec["gpus"], bool) or not isinstance(spec["gpus"], int):
-        raise BadInput(f"jobs[{i}].gpus: {spec['gpus']!r} is not a whole number of GPU slots")
-    factor = spec.get("steps_factor", 1.0)
-    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor <= 100:
-        raise BadInput(f"jobs[{i}].steps_factor: {factor!r} must be a number in (0, 100]")
-    if not isinstance(spec.get("overrides") or {}, dict):
-        raise BadInput(f"jobs[{i}].overrides: must be a mapping of dotted fields, e.g. {{\"ppo.kl_coef\": 0.1}}")
-    for key in ("tenant", "name"):
-        if not isinstance(spec[key], str):
-            raise BadInput(f"jobs[{i}].{key}: {spec[key]!r} must be a string")
-
-
-def platform_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
-    """The canaries' small PPO job (training/canaries.py) with a gate and a checkpoint every 2 steps;
-    one torch thread per job so concurrent jobs share the cores instead of oversubscribing them."""
-    from training.canaries import base_config
-
-    raw = base_config(steps, 0, cache_dir)
-    raw.update(name="platform-ppo", eval_every=2, checkpoint_every=2)
-    raw["oppo"] = {"torch_threads": 1}
-    return raw
+from tasks.training import PrefectJobHooks
+from training.lifecycle import JOB_DONE, job_record, paused_run, reopen_paused, run_job
+from training.request import JobRequest, build
 
 
 @dataclass(frozen=True)
 class RoundContext:
-    """What every job of one round shares: where it writes, its MLflow parent, the alert catalog, the ledger, the
-    slot pool, the first retry delay, the round's start time."""
+    """What every job of one round shares: where it writes, its MLflow parent, the ledger, the slot pool, the first
+    retry delay, the round's start time."""
 
     out_dir: str
     flow_run_id: str
     mlflow_experiment: str
     parent_run_id: str
-    catalog: Any
     ledger: Any
-    gpu_kind: str
     slots: Any
     retry_delay_s: float
     round_start: float
 
 
-@task(name="platform-job", task_run_name="job {spec[tenant]}/{spec[name]}", cache_policy=NO_CACHE)
-def platform_job(spec: dict[str, Any], cfg, observe, rc: RoundContext, paused: Any = None) -> dict:
+@task(name="platform-job", task_run_name="job {request.tenant}/{request.name}", cache_policy=NO_CACHE)
+def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, paused: Any = None) -> dict:
     """One tenant job on its slots (`training.lifecycle.run_job`): worker start, supervised training, the
     scheduler's checkpoint decisions (`observe`; a stop pauses the run, resumable), the best checkpoint kept; a
     child MLflow run with the tenant's cost. `paused` (`training.lifecycle.PausedRun`): continue the run the
     scheduler paused in the job's directory from its kept checkpoint instead of starting over."""
-    from eval.supervisor import RunSupervisor
     from flows.rlhf_job import fresh_run_dir
 
-    job = f"{spec['tenant']}/{spec['name']}"
-    out = Path(rc.out_dir) / spec["tenant"] / spec["name"]
+    job, tenant, out, cfg = request.job, request.tenant, request.out_dir, checked.config
     if paused is not None:  # continue from the kept checkpoint
         reopen_paused(out, paused)
     else:
@@ -108,16 +71,13 @@ def platform_job(spec: dict[str, Any], cfg, observe, rc: RoundContext, paused: A
     (out / "config.resolved.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     with clock.span("tracking"):
         run_id, _ = T.open_run(f"{rc.flow_run_id}/{job}", job, rc.mlflow_experiment, rc.parent_run_id,
-                               tags={T.KIND_TAG: "platform_job", T.TENANT_TAG: spec["tenant"]})
-    jspec = JobSpec(tenant=spec["tenant"], name=spec["name"], config=cfg, run_id=run_id, out_dir=out, overlap="full",
-                    gpus=spec["gpus"], gpu_kind=rc.gpu_kind, pausable=True, resume=paused)
-    sup = RunSupervisor(run_id, spec["tenant"], rc.catalog.start(tenant=spec["tenant"]), ledger=rc.ledger,
-                        gpu_kind=rc.gpu_kind, n_gpus=spec["gpus"])
+                               tags={T.KIND_TAG: "platform_job", T.TENANT_TAG: tenant})
+    jspec, sup = build(request, checked, run_id=run_id, ledger=rc.ledger, resume=paused)
     started = time.time()
     outcome = run_job(jspec, observe, hooks=PrefectJobHooks(run_id, rc.slots, rc.retry_delay_s), supervisor=sup)
     status, best = outcome.status, outcome.best
-    (out / JOB_DONE).write_text(json.dumps({**job_record(outcome), "tenant": spec["tenant"], "name": spec["name"],
-                                            "detector": None, "overlap": "full", "gpus": spec["gpus"]}))
+    (out / JOB_DONE).write_text(json.dumps({**job_record(outcome), "tenant": tenant, "name": request.name,
+                                            "detector": None, "overlap": request.overlap, "gpus": request.gpus}))
     totals = rc.ledger.run_totals().get(run_id)
     metrics = {"cost_usd": float(totals.cost) if totals else 0.0,
                "gpu_hours": totals.gpu_seconds / 3600 if totals else 0.0, "steps": len(outcome.records),
@@ -134,7 +94,7 @@ def platform_job(spec: dict[str, Any], cfg, observe, rc: RoundContext, paused: A
                             "state_history": json.dumps(sup.machine.labels())[:5000]})
         T.finish(run_id, "FAILED" if status.failure else "FINISHED")
     stopped_at = outcome.records[-1]["step"] if outcome.decision == "stopped" and outcome.records else None
-    return {"tenant": spec["tenant"], "job": spec["name"], "gpus": spec["gpus"], "decision": outcome.decision,
+    return {"tenant": tenant, "job": request.name, "gpus": request.gpus, "decision": outcome.decision,
             "state": status.label, "alerts": ",".join(e.alert for e in sup.events),
             "resumed_from_step": paused.best_step if paused is not None else None,
             "stopped_at": float(stopped_at) if stopped_at is not None else None,
@@ -165,7 +125,6 @@ def platform_round(
     stopped job is paused (PAUSED_BY_GATE) with its best checkpoint kept. `resume_paused`: run only the jobs of
     `jobs` that an earlier round in `out_dir` paused, each continued from its kept checkpoint (the scheduler's
     detector watches the continuation afresh); the others are left as they are."""
-    from eval.health import Catalog
     from infra.ledger import Ledger, load_prices
     from scheduling.jobview import JobView
     from scheduling.policies import parse_scheduler
@@ -174,60 +133,44 @@ def platform_round(
         policy = parse_scheduler(scheduler)
     except ValueError as err:
         raise BadInput(f"scheduler: {err}") from None
-    if not all(isinstance(j, dict) for j in (jobs or DEFAULT_JOBS)):
-        raise BadInput("jobs: every entry must be an object {tenant, name, overrides, gpus, steps_factor}")
-    specs = [dict(j) for j in (jobs or DEFAULT_JOBS)]
     check_out_dir(out_dir, "out_dir")
-    cfgs = []
-    for i, spec in enumerate(specs):
-        for key in ("tenant", "name"):
-            if not spec.get(key):
-                raise BadInput(f"jobs[{i}].{key}: required")
-        extra = set(spec) - {"tenant", "name", "overrides", "gpus", "steps_factor"}
-        if extra:
-            raise BadInput(f"jobs[{i}]: unknown key '{sorted(extra)[0]}' (allowed: tenant, name, overrides, gpus, "
-                           "steps_factor)")
-        spec.setdefault("gpus", 1)
-        check_job_spec(spec, i)
-        if not 1 <= spec["gpus"] <= slots:
-            raise BadInput(f"jobs[{i}].gpus: {spec['gpus']} does not fit a pool of {slots} slots")
-        job_steps = max(4, round(steps * float(spec.get("steps_factor", 1.0))))
-        cfgs.append(resolve_train_config(platform_job_config(job_steps, cache_dir), spec.get("overrides"), job_steps))
-    paused = [paused_run(Path(out_dir) / s["tenant"] / s["name"]) if resume_paused else None for s in specs]
+    requests = round_requests(jobs or DEFAULT_JOBS, steps=steps, slots=slots, gpu_kind=gpu_kind, alerts=alerts,
+                              alert_profile=alert_profile, out_dir=out_dir, cache_dir=cache_dir)
+    checked = check_round(requests)
+    paused = [paused_run(r.out_dir) if resume_paused else None for r in requests]
     if resume_paused:
         keep = [i for i, p in enumerate(paused) if p is not None]
         if not keep:
             raise BadInput(f"resume_paused: no job of this round is paused under {out_dir} (no <tenant>/<name>/"
                            f"{JOB_DONE} says PAUSED_BY_GATE with a kept checkpoint); leave resume_paused off to run "
                            "the round")
-        specs, cfgs, paused = [specs[i] for i in keep], [cfgs[i] for i in keep], [paused[i] for i in keep]
+        requests, checked, paused = [requests[i] for i in keep], [checked[i] for i in keep], [paused[i] for i in keep]
+    cfgs = [c.config for c in checked]
     prices = load_prices()
-    if gpu_kind not in prices.gpu_hour:
-        raise BadInput(f"gpu_kind: '{gpu_kind}' has no price (add it under gpu_hour in configs/prices.yaml)")
     with parent_run("platform", f"platform round ({scheduler})", mlflow_experiment, parent_run_id, tenant="platform",
-                    params={"scheduler": scheduler, "slots": slots, "steps": steps, "jobs": len(specs),
+                    params={"scheduler": scheduler, "slots": slots, "steps": steps, "jobs": len(requests),
                             "resume_paused": resume_paused},
                     retry_delay_s=retry_delay_s) as run:
-        tenants = list(dict.fromkeys(s["tenant"] for s in specs))
-        views = [JobView(i, "rlhf", tenants.index(s["tenant"]), s["gpus"], 0.0, float(c.steps))
-                 for i, (s, c) in enumerate(zip(specs, cfgs, strict=True))]
+        tenants = list(dict.fromkeys(r.tenant for r in requests))
+        views = [JobView(i, "rlhf", tenants.index(r.tenant), r.gpus, 0.0, float(c.steps))
+                 for i, (r, c) in enumerate(zip(requests, cfgs, strict=True))]
         rc = RoundContext(out_dir=out_dir, flow_run_id=run.ctx[T.FLOW_RUN_TAG], mlflow_experiment=mlflow_experiment,
-                          parent_run_id=run.run_id,
-                          catalog=Catalog.from_file(alerts, algorithm="ppo", profile=alert_profile),
-                          ledger=Ledger(prices), gpu_kind=gpu_kind, slots=gpu_slots(slots, slot_limit),
+                          parent_run_id=run.run_id, ledger=Ledger(prices), slots=gpu_slots(slots, slot_limit),
                           retry_delay_s=retry_delay_s, round_start=time.time())
-        live = LiveRound(policy, views, [s["gpus"] for s in specs], slots)
-        progress.reporter.stage(f"platform round: {len(specs)} jobs on {slots} slots ({scheduler})", total=len(specs))
+        live = LiveRound(policy, views, [r.gpus for r in requests], slots)
+        progress.reporter.stage(f"platform round: {len(requests)} jobs on {slots} slots ({scheduler})",
+                                total=len(requests))
         running, rows = {}, []
         while not live.done:
             for i in live.to_start():
-                running[platform_job.submit(specs[i], cfgs[i], live.observer(i, cfgs[i].steps), rc, paused[i])] = i
+                running[platform_job.submit(requests[i], checked[i], live.observer(i, cfgs[i].steps), rc,
+                                            paused[i])] = i
             fut = next(as_completed(list(running)))  # the first job to end frees its slots
             live.finished(running.pop(fut))
             rows.append(fut.result())
             progress.reporter.advance()
         table = pd.DataFrame(rows)
-        index_of = {(s["tenant"], s["name"]): i for i, s in enumerate(specs)}
+        index_of = {(r.tenant, r.name): i for i, r in enumerate(requests)}
         table.insert(0, "start_order", [live.order.index(index_of[(r["tenant"], r["job"])]) for r in rows])
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -250,7 +193,7 @@ def platform_round(
                    **{f"cost_usd/{t}": float(v) for t, v in per_tenant.cost_usd.items()}}
         create_table_artifact(key="platform-round",
                               table=json.loads(table.drop(columns=["run_id"]).to_json(orient="records")),
-                              description=f"Live round: {len(specs)} jobs, {slots} slots, {scheduler}")
+                              description=f"Live round: {len(requests)} jobs, {slots} slots, {scheduler}")
         run.close(metrics=metrics, artifacts=[str(out / "jobs.csv"), str(out / "ledger.csv")],
                   tags={"slots_backend": rc.slots.backend})
     return {"run_id": run.run_id, "jobs": table, "metrics": metrics, "slots": rc.slots.describe()}

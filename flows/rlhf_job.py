@@ -1,6 +1,7 @@
 """`rlhf_job`: one tenant's PPO job with OPPO overlap, end to end on the platform's control path.
 
-validate the config (before anything is provisioned) -> take GPU worker slots -> start the worker ->
+The flow takes one `training.request.JobRequest` (the run form is generated from it) and `JobInternals`:
+validate the request (before anything is provisioned) -> take GPU worker slots -> start the worker ->
 train, feeding every StepRecord to the supervisor (alert catalog, run state machine, eval-gate detector,
 ledger, metrics) -> continue / pause / stop -> score the saved checkpoints on held-out prompts, keep and
 register the best -> close the tenant's ledger -> final run state (MLflow tags, Prefect state).
@@ -18,17 +19,15 @@ import yaml
 from prefect import flow
 
 from common.config import flatten
-from common.errors import BadInput
-from common.validate import check_out_dir
 from flows import progress
-from flows.params import AlertProfile, DetectorName, Overlap
 from infra import tracking as T
 from infra.provision import gpu_slots
 from tasks.retry import backoff
 from tasks.timing import clock
 from tasks.tracking import error_tags, parent_run
-from tasks.training import PrefectJobHooks, register_checkpoint, resolve_train_config
-from training.lifecycle import JOB_DONE, JobSpec, job_record, paused_run, reopen_paused, run_job
+from tasks.training import PrefectJobHooks, register_checkpoint
+from training.lifecycle import JOB_DONE, job_record, reopen_paused, run_job
+from training.request import JobInternals, JobRequest, build, parse_internals, parse_request
 from training.rundir import locked_run_dir
 
 
@@ -45,82 +44,42 @@ def fresh_run_dir(out: Path) -> None:
         (out / name).unlink(missing_ok=True)
 
 
-def validate_job(config: str | dict, overrides: dict | None, steps: int | None, overlap: str, detector: str,
-                 gpus: int, cluster_gpus: int, gpu_kind: str, alerts: str | None, alert_profile: str | None,
-                 prices: str | None):
-    """Everything a job needs, checked before any slot is taken. Raises BadInput naming the field."""
-    from eval.detectors import make_detector
-    from eval.health import Catalog
-    from infra.ledger import Ledger, load_prices
-    from training.trainer import check_overlap
+def job_run_name() -> str:
+    """The flow run's name: `<tenant>/<name>` of its request."""
+    from prefect.runtime import flow_run
 
-    cfg = resolve_train_config(config, overrides, steps)
-    check_overlap(overlap)
-    try:
-        make_detector(detector)
-    except (ValueError, KeyError) as err:
-        raise BadInput(f"detector: {err}") from None
-    if gpus < 1:
-        raise BadInput("gpus: a job needs at least one GPU slot")
-    if gpus > cluster_gpus:
-        raise BadInput(f"gpus: the job asks for {gpus} slots but the cluster has {cluster_gpus} (cluster_gpus)")
-    price_table = load_prices(prices)
-    if gpu_kind not in price_table.gpu_hour:
-        raise BadInput(f"gpu_kind: '{gpu_kind}' has no price (add it under gpu_hour in configs/prices.yaml)")
-    catalog = Catalog.from_file(alerts, algorithm="ppo", profile=alert_profile)
-    return cfg, catalog, Ledger(price_table)
+    req = flow_run.parameters.get("request")
+    get = req.get if isinstance(req, dict) else (lambda k, d=None: getattr(req, k, d))
+    return f"{get('tenant', 'acme')}/{get('name', 'ppo-tiny')}"
 
 
-@flow(name="rlhf-job", flow_run_name="{tenant}/{name}", log_prints=False)
-def rlhf_job_internal(
-    config: str | dict[str, Any] = "configs/ppo-tiny.yaml",
-    overrides: dict[str, Any] | None = None,
-    tenant: str = "acme",
-    name: str = "ppo-tiny",
-    overlap: str = "full",
-    steps: int | None = None,
-    gpus: int = 1,
-    cluster_gpus: int = 4,
-    gpu_kind: str = "cpu",
-    detector: str = "noisepatience",
-    alerts: str | None = None,
-    alert_profile: str | None = None,
-    prices: str | None = None,
-    out_dir: str | None = None,
-    registered_model: str | None = None,
-    resume: bool = True,
-    resume_paused: bool = False,
-    fail_rate: float = 0.0,
-    fault_seed: int = 0,
-    retry_delay_s: float = 1.0,
-    mlflow_experiment: str = T.DEFAULT_EXPERIMENT,
-    parent_run_id: str | None = None,
-) -> dict[str, Any]:
-    """`rlhf_job` with the knobs the run form does not show: an inline `config` mapping (the nightly's job),
-    `fail_rate`/`fault_seed` (chaos: injected transient failures), `retry_delay_s` (first backoff delay) and
-    `parent_run_id` (the MLflow run to nest under). The nightly and the tests call this one; the deployment
-    runs `rlhf_job`.
+@flow(name="rlhf-job", flow_run_name=job_run_name, log_prints=False)
+def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobInternals()) -> dict[str, Any]:
+    """Train one tenant's PPO job (OPPO overlap) on GPU worker slots under the run-health catalog and a
+    held-out eval gate; register the best checkpoint in the MLflow model registry.
 
-    `resume` (default): continue an interrupted job from the newest checkpoint in `out_dir` (a crash, an API
-    outage that outlasted the retries: the retry keeps the work done); a directory whose job ended is started
-    over. `resume=False` always starts over. `resume_paused`: continue the run the eval gate paused in `out_dir`
-    from its kept checkpoint (the job's detector verdict pauses it: PAUSED_BY_GATE, the best checkpoint
-    registered). `out_dir` is locked while the job runs: a second job on the same directory fails at once (bad
-    input, not retried)."""
-    from eval.detectors import make_detector
+    `request.resume` (default): continue an interrupted job from the newest checkpoint in its run directory (a crash,
+    an API outage that outlasted the retries: the retry keeps the work done); a directory whose job ended is started
+    over. `request.resume_paused`: continue the run the eval gate paused there from its kept checkpoint. The run
+    directory is locked while the job runs: a second job on the same directory fails at once (bad input, not
+    retried).
+
+    Args:
+        request: the job (training/request.py: JobRequest): config and overrides, tenant, name, overlap, steps,
+            GPUs, detector, alerts, output root; every field is checked before anything is provisioned.
+        internals: knobs the nightly and the tests set (chaos injection, first retry delay, the MLflow parent
+            run); the defaults are safe.
+    """
     from eval.states import RunState
-    from eval.supervisor import RunSupervisor
+    from infra.ledger import Ledger, load_prices
     from infra.metrics import PlatformMetrics
 
-    cfg, catalog, ledger = validate_job(config, overrides, steps, overlap, detector, gpus, cluster_gpus, gpu_kind,
-                                        alerts, alert_profile, prices)
-    job = f"{tenant}/{name}"
-    out = Path(out_dir or Path("runs") / "jobs" / tenant / name)
-    check_out_dir(out, "out_dir")
-    paused = paused_run(out) if resume_paused else None
-    if resume_paused and paused is None:
-        raise BadInput(f"resume_paused: {out} holds no run paused by the eval gate (its {JOB_DONE} does not say "
-                       "PAUSED_BY_GATE with a kept checkpoint); leave resume_paused off to start the job over")
+    request, internals = parse_request(request), parse_internals(internals)
+    checked = request.checked()  # everything, before the run directory is taken or a slot is asked for
+    ledger = Ledger(load_prices(request.prices))
+    tenant, name, job, out = request.tenant, request.name, request.job, request.out_dir
+    paused = checked.paused
+    cfg = checked.config
     resolved = cfg.model_dump(mode="json")
     sup = status = None
 
@@ -134,33 +93,31 @@ def rlhf_job_internal(
                 "reason": verdict.reason[:500]}
 
     # the run directory is taken before the MLflow run is opened: a second writer fails with nothing to clean up
-    with locked_run_dir(out, "out_dir"), parent_run("rlhf_job", job, mlflow_experiment, parent_run_id, tenant=tenant,
-                    params={"config": config if isinstance(config, str) else "inline", "overlap": overlap,
-                            "gpus": gpus, "gpu_kind": gpu_kind, "detector": detector, **flatten(resolved)},
-                    fail_rate=fail_rate, fault_seed=fault_seed, retry_delay_s=retry_delay_s,
-                    failure_tags=failure_tags) as run:
+    with locked_run_dir(out, "run_dir"), parent_run(
+            "rlhf_job", job, request.mlflow_experiment, internals.parent_run_id, tenant=tenant,
+            params={"config": request.config_label, "overlap": request.overlap, "gpus": request.gpus,
+                    "gpu_kind": request.gpu_kind, "detector": request.detector, **flatten(resolved)},
+            fail_rate=internals.fail_rate, fault_seed=internals.fault_seed, retry_delay_s=internals.retry_delay_s,
+            failure_tags=failure_tags) as run:
         if paused is not None:  # continue from the kept checkpoint
             reopen_paused(out, paused)
-        elif not resume or (out / JOB_DONE).exists():
+        elif not request.resume or (out / JOB_DONE).exists():
             fresh_run_dir(out)
         (out / "config.resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
         run_id = run.run_id
-        spec = JobSpec(tenant=tenant, name=name, config=cfg, run_id=run_id, out_dir=out, overlap=overlap, gpus=gpus,
-                       gpu_kind=gpu_kind, detector=detector, alerts=alerts, alert_profile=alert_profile,
-                       pausable=True, resume=paused)
-        sup = RunSupervisor(run_id, tenant, catalog.start(tenant=tenant), gate_detector=make_detector(detector),
-                            ledger=ledger, metrics=PlatformMetrics(tenants=[tenant]), gpu_kind=gpu_kind, n_gpus=gpus)
-        slots = gpu_slots(cluster_gpus)
-        progress.reporter.stage(f"rlhf job {job}: {cfg.steps} PPO steps ({overlap})", total=cfg.steps)
-        hooks = PrefectJobHooks(run_id, slots, retry_delay_s, fail_rate, fault_seed, wait_api=True,
-                                after_step=lambda rec, _s: progress.reporter.advance())
+        spec, sup = build(request, checked, run_id=run_id, ledger=ledger,
+                          metrics=PlatformMetrics(tenants=[tenant]))
+        slots = gpu_slots(request.cluster_gpus)
+        progress.reporter.stage(f"rlhf job {job}: {cfg.steps} PPO steps ({request.overlap})", total=cfg.steps)
+        hooks = PrefectJobHooks(run_id, slots, internals.retry_delay_s, internals.fail_rate, internals.fault_seed,
+                                wait_api=True, after_step=lambda rec, _s: progress.reporter.advance())
         outcome = run_job(spec, hooks=hooks, supervisor=sup)
         status, scores, best = outcome.status, outcome.scores, outcome.best
         registry = None
         # a failed run registers nothing; a paused one registers its kept checkpoint
         if best is not None and status.state in (RunState.SUCCEEDED, RunState.PAUSED_BY_GATE):
-            registry = register_checkpoint.with_options(retry_delay_seconds=backoff(retry_delay_s))(
-                run_id, registered_model or f"{tenant}-policy", best, tenant, job, fail_rate, fault_seed,
+            registry = register_checkpoint.with_options(retry_delay_seconds=backoff(internals.retry_delay_s))(
+                run_id, request.model_name, best, tenant, job, internals.fail_rate, internals.fault_seed,
                 run_state=status.label)
         # close the tenant's ledger: the run's totals become MLflow metrics and a CSV artifact (a resumed run's CSV
         # keeps the earlier segments' rows: each step is charged once, by the segment that ran it)
@@ -203,73 +160,16 @@ def rlhf_job_internal(
                              str(out / "metrics.csv")],
                   status="FAILED" if status.state is RunState.FAILED else "FINISHED")
         (out / JOB_DONE).write_text(json.dumps({**job_record(outcome), "tenant": tenant, "name": name,
-                                                "detector": detector, "overlap": overlap, "gpus": gpus}))
+                                                "detector": request.detector, "overlap": request.overlap,
+                                                "gpus": request.gpus}))
     summary = {"job": job, "tenant": tenant, "run_id": run_id, "state": status.label, "decision": outcome.decision,
                "failure_class": failure, "reason": reason, "best": best, "registry": registry,
                "metrics": job_metrics, "out_dir": str(out), "history": sup.machine.labels(),
                "resumed_from": paused.__dict__ if paused is not None else None}
-    job_artifact(summary, mlflow_experiment)
+    job_artifact(summary, request.mlflow_experiment)
     if status.state is RunState.FAILED:
         raise JobFailed(f"{job}: {status.label}: {status.reason}")
     return summary
-
-
-@flow(name="rlhf-job", flow_run_name="{tenant}/{name}", log_prints=False)
-def rlhf_job(
-    config: str = "configs/ppo-tiny.yaml",
-    tenant: str = "acme",
-    name: str = "ppo-tiny",
-    overlap: Overlap = "full",
-    steps: int | None = None,
-    overrides: dict[str, Any] | None = None,
-    detector: DetectorName = "noisepatience",
-    gpus: int = 1,
-    cluster_gpus: int = 4,
-    gpu_kind: str = "cpu",
-    alerts: str | None = None,
-    alert_profile: AlertProfile | None = None,
-    prices: str | None = None,
-    out_dir: str | None = None,
-    registered_model: str | None = None,
-    resume: bool = True,
-    resume_paused: bool = False,
-    mlflow_experiment: str = T.DEFAULT_EXPERIMENT,
-) -> dict[str, Any]:
-    """Train one tenant's PPO job (OPPO overlap) on GPU worker slots under the run-health catalog and a
-    held-out eval gate; register the best checkpoint in the MLflow model registry.
-
-    Args:
-        config: PPO config YAML, relative to the repository root (configs/ppo-tiny.yaml: a healthy job;
-            configs/ppo-hack.yaml over-optimises the proxy reward on purpose).
-        tenant: the customer the job is charged to; its ledger, MLflow tag and `<tenant>-policy` model.
-        name: the job's name within the tenant (run directory runs/jobs/<tenant>/<name>).
-        overlap: OPPO overlap: none (sequential PPO), intra (stream chunks to the scorers while decoding),
-            inter (start B+delta prompts, train on the first B), full (both).
-        steps: PPO steps (empty: the config's `steps`).
-        overrides: dotted config fields to change, e.g. {"ppo.kl_coef": 0.2, "seed": 1}.
-        detector: the eval-gate early-stop detector that may pause the job at a checkpoint (eval/detectors.py;
-            noisepatience, the platform default: held-out score well below its best for several checkpoints, by
-            the run's own noise, while the proxy reward still rises; a short run is judged by the divergence
-            slope test from half-way through its planned steps).
-        gpus: GPU worker slots the job holds while it trains.
-        cluster_gpus: size of the GPU slot pool (the Prefect global concurrency limit `gpu-slots`).
-        gpu_kind: priced GPU kind for the tenant's ledger (a key of gpu_hour in configs/prices.yaml).
-        alerts: alert catalog YAML (empty: configs/alerts.yaml).
-        alert_profile: alert threshold profile (empty: production thresholds; canary: short test windows).
-        prices: price table YAML (empty: configs/prices.yaml).
-        out_dir: run directory (empty: runs/jobs/<tenant>/<name>).
-        registered_model: model registry name for the best checkpoint (empty: <tenant>-policy).
-        resume: continue an interrupted job from the newest checkpoint in its run directory (a crash, an API outage
-            that outlasted the retries); a directory whose job ended is started over. Off: always start over.
-        resume_paused: continue the run the eval gate paused in the run directory (PAUSED_BY_GATE) from its kept
-            best checkpoint; the gate watches the continuation afresh. Off: a paused run is started over.
-        mlflow_experiment: MLflow experiment the job's run goes to.
-    """
-    return rlhf_job_internal.fn(config=config, overrides=overrides, tenant=tenant, name=name, overlap=overlap,
-                                steps=steps, gpus=gpus, cluster_gpus=cluster_gpus, gpu_kind=gpu_kind,
-                                detector=detector, alerts=alerts, alert_profile=alert_profile, prices=prices,
-                                out_dir=out_dir, registered_model=registered_model, resume=resume,
-                                resume_paused=resume_paused, mlflow_experiment=mlflow_experiment)
 
 
 def log_job_plots(run_id: str, records: list[dict], out: Path, job: str) -> None:

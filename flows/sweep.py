@@ -17,38 +17,7 @@ from typing import Any
 from prefect import flow
 
 from infra import tracking as T
-
-
-@flow(name="sweep", flow_run_name="sweep {spec}", log_prints=False)
-def sweep_internal(
-    spec: str = "configs/sweeps/example.yaml",
-    trials: int | None = None,
-    resume: bool = False,
-    prune: bool = True,
-    cluster_gpus: int | None = None,
-    parent_run_id: str | None = None,
-) -> dict[str, Any]:
-    """`sweep` with `parent_run_id` (the MLflow run to nest the sweep's parent under; the nightly's). A retried flow
-    run resumes the study its first attempt started: finished trials are not run again."""
-    from prefect.runtime import flow_run
-
-    from infra.provision import gpu_slots
-    from tasks.sweep import prepare, run_sweep
-    from tasks.tracking import flow_context
-
-    spec_obj, ledger = prepare(spec, trials)  # everything checked before a slot is taken
-    size = cluster_gpus or spec_obj.concurrency
-    if size < spec_obj.gpus_per_trial:
-        from common.errors import BadInput
-
-        raise BadInput(f"cluster_gpus: {size} slots cannot hold a trial of {spec_obj.gpus_per_trial} GPUs")
-    pool = gpu_slots(size)
-    retried = (flow_run.run_count or 1) > 1
-    summary = run_sweep(spec_obj, ledger, prune=prune, resume=resume or retried,
-                        slot=lambda: pool.take(spec_obj.gpus_per_trial), parent_run_id=parent_run_id,
-                        flow_tags=flow_context())
-    sweep_artifacts(summary)
-    return summary
+from training.request import RunInternals, parse_internals
 
 
 @flow(name="sweep", flow_run_name="sweep {spec}", log_prints=False)
@@ -58,10 +27,12 @@ def sweep(
     resume: bool = False,
     prune: bool = True,
     cluster_gpus: int | None = None,
+    internals: RunInternals = RunInternals(),
 ) -> dict[str, Any]:
     """Run a sweep spec: Optuna samples the settings, each trial is a PPO job on the GPU slots, the platform's
     early-stop detector prunes trials that over-optimise the proxy reward (keeping their best checkpoint), the
-    budget stops new trials; the best trial's checkpoint is registered under the tenant's model.
+    budget stops new trials; the best trial's checkpoint is registered under the tenant's model. A retried flow run
+    resumes the study its first attempt started: finished trials are not run again.
 
     Args:
         spec: sweep spec YAML, relative to the repository root (configs/sweeps/example.yaml: 12 trials over
@@ -72,8 +43,28 @@ def sweep(
         prune: let the spec's detector stop trials early (off: every trial runs to the end).
         cluster_gpus: size of the GPU slot pool the trials share (the Prefect global concurrency limit
             `gpu-slots`; empty: the spec's `concurrency`).
+        internals: the MLflow run to nest the sweep's parent run under (the nightly's); the default is none.
     """
-    return sweep_internal.fn(spec=spec, trials=trials, resume=resume, prune=prune, cluster_gpus=cluster_gpus)
+    from prefect.runtime import flow_run
+
+    from infra.provision import gpu_slots
+    from tasks.sweep import prepare, run_sweep
+    from tasks.tracking import flow_context
+
+    internals = parse_internals(internals, model=RunInternals)
+    spec_obj, ledger = prepare(spec, trials)  # everything checked before a slot is taken
+    size = cluster_gpus or spec_obj.concurrency
+    if size < spec_obj.gpus_per_trial:
+        from common.errors import BadInput
+
+        raise BadInput(f"cluster_gpus: {size} slots cannot hold a trial of {spec_obj.gpus_per_trial} GPUs")
+    pool = gpu_slots(size)
+    retried = (flow_run.run_count or 1) > 1
+    summary = run_sweep(spec_obj, ledger, prune=prune, resume=resume or retried,
+                        slot=lambda: pool.take(spec_obj.gpus_per_trial), parent_run_id=internals.parent_run_id,
+                        flow_tags=flow_context())
+    sweep_artifacts(summary)
+    return summary
 
 
 def sweep_artifacts(summary: dict[str, Any]) -> None:

@@ -18,8 +18,6 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from common.errors import BadInput
-
 # the trainer (torch, transformers) is imported with this module, not inside the first task that needs it: a flow
 # module loads before its flow run starts (`rlhfops nightly` loads it while the temporary Prefect server starts),
 # so the 3-5 s import is paid at start-up instead of stalling the nightly's job stage
@@ -62,18 +60,6 @@ def _run_logger():
         return get_run_logger()
     except Exception:  # noqa: BLE001 - outside a flow or task run (tests calling .fn)
         return logging.getLogger("rlhfops.train")
-
-
-def resolve_train_config(config: str | dict, overrides: dict[str, Any] | None = None, steps: int | None = None):
-    """A `TrainConfig` from a YAML path (or a mapping) plus dotted overrides, validated before anything is
-    provisioned; a wrong field raises BadInput naming it."""
-    from training.config import resolve_config
-
-    if steps is not None:
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise BadInput(f"steps: {steps!r} must be a whole number >= 1")
-        overrides = {**(overrides or {}), "steps": steps}
-    return resolve_config(config, overrides)
 
 
 @task(name="start-worker", task_run_name="start worker {job}", **_RETRY)

@@ -55,6 +55,11 @@ def register(app: typer.Typer) -> None:
                 raise BadInput(f"jobs: cannot read a JSON list from '{jobs}' ({err})") from None
             if not isinstance(job_list, list):
                 raise BadInput("jobs: the file must hold a JSON list of job objects")
+        # every job as a checked request (names, overrides, GPUs, config), before the server starts
+        from flows.params import DEFAULT_JOBS, check_round, round_requests
+
+        check_round(round_requests(job_list or DEFAULT_JOBS, steps=steps, slots=slots, out_dir=str(out),
+                                   cache_dir=cache_dir))
         prefect_env(verbose)
         server = start_prefect_api()
         import transformers

@@ -27,6 +27,7 @@ def register(app: typer.Typer) -> None:
 
         from eval.detectors import DEFAULT_DETECTOR
         from training.lifecycle import JOB_DONE, paused_run
+        from training.request import parse_request
 
         if not (run_dir / JOB_DONE).is_file():
             raise BadInput(f"run_dir: {run_dir} holds no ended job ({JOB_DONE} missing); give a paused job's run "
@@ -36,20 +37,25 @@ def register(app: typer.Typer) -> None:
                            f"({JOB_DONE} says {json.loads((run_dir / JOB_DONE).read_text()).get('state')!r})")
         done = json.loads((run_dir / JOB_DONE).read_text())
         config = yaml.safe_load((run_dir / "config.resolved.yaml").read_text(encoding="utf-8"))
+        gpus = int(done.get("gpus") or 1)
+        # the job as it was asked for, continued in its own run directory; checked before the server starts
+        request = parse_request({"config": config, "tenant": done["tenant"], "name": done["name"],
+                                 "overlap": done.get("overlap") or "full", "steps": steps,
+                                 "detector": detector or done.get("detector") or DEFAULT_DETECTOR, "gpus": gpus,
+                                 "cluster_gpus": max(gpus, 4), "out_root": str(run_dir), "run_dir": ".",
+                                 "resume_paused": True})
+        request.checked()
         from rlhfops.commands.flowrun import prefect_env, run_flow, start_prefect_api
 
         prefect_env(verbose)
         server = start_prefect_api()
-        from flows.rlhf_job import rlhf_job_internal
+        from flows.rlhf_job import rlhf_job
         from infra import tracking as T
         from rlhfops.console import make_console
 
         console = make_console()
         uri = T.init_store()
-        res = run_flow(console, rlhf_job_internal, "resume", server, config=config, tenant=done["tenant"],
-                       name=done["name"], overlap=done.get("overlap") or "full", steps=steps,
-                       detector=detector or done.get("detector") or DEFAULT_DETECTOR, gpus=int(done.get("gpus") or 1),
-                       out_dir=str(run_dir), resume_paused=True)
+        res = run_flow(console, rlhf_job, "resume", server, request=request)
         console.print(f"{res['job']}: {res['state']} after {res['metrics']['steps']} steps "
                       f"(resumed from step {res['resumed_from']['best_step']}); states: {' -> '.join(res['history'])}")
         console.print(f"reason: {res['reason']}")

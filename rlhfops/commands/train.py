@@ -23,31 +23,32 @@ def register(app: typer.Typer) -> None:
         steps: int = typer.Option(None, "--steps", help="total PPO steps (default: the config's `steps`)"),
         out: Path = typer.Option(None, "--out", help="run directory (default runs/<config-stem>-<overlap>/)"),
         fresh: bool = typer.Option(False, "--fresh", help="ignore checkpoints in the run directory and start over"),
-        trace: Path = typer.Option(None, "--trace", help="also write the run as a Trace CSV (DESIGN.md) here"),
+        trace: Path = typer.Option(None, "--trace", help="also write a Trace CSV here (docs/ARCHITECTURE.md)"),
         label: int = typer.Option(None, "--label", help="Trace CSV label for this run: 1 hacking, 0 healthy"),
     ) -> None:
         """Train a policy with PPO (+ OPPO overlap); writes OUT/metrics.csv, OUT/checkpoints/, OUT/summary.json."""
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        from rlhfops.console import make_console
-        from training.config import load_config
+        from common.validate import check_out_dir, check_out_file
+        from training.request import build, job_name, parse_request
         from training.rundir import locked_run_dir
 
-        if steps is not None and not 1 <= steps <= 10_000_000:
-            raise BadInput("--steps: must be between 1 and 10,000,000 (the config's bound on steps)")
         if label not in (None, 0, 1):
             raise BadInput("--label: must be 0 (healthy) or 1 (hacking)")
-        from common.validate import check_out_dir, check_out_file
-
-        cfg = load_config(config)
         out = out or Path("runs") / f"{config.stem}-{overlap}"
         check_out_dir(out, "out")
         check_out_file(trace, "trace")
-        # torch: only once the config is known good, so a config error is reported in under a second
-        from training.trace import export_trace
-        from training.trainer import Trainer, check_overlap
+        # the job, as every entry point asks for one: one run directory (OUT itself), no eval gate, every step run
+        request = parse_request({"config": str(config), "overlap": overlap, "steps": steps, "tenant": "local",
+                                 "name": job_name(config.stem), "detector": None, "out_root": str(out),
+                                 "run_dir": ".", "resume": not fresh})
+        checked = request.checked()
+        # torch: only once the request is known good, so a config error is reported in under a second
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        check_overlap(overlap)
+        from rlhfops.console import make_console
+        from training.lifecycle import JobHooks, run_job
+        from training.trace import export_trace
+        from training.trainer import Trainer
+
         # one writer per run directory, held until the command ends (a second one exits 2 naming the holder)
         ctx.with_resource(locked_run_dir(out, "--out"))
         if fresh and out.exists():
@@ -56,29 +57,52 @@ def register(app: typer.Typer) -> None:
             shutil.rmtree(out / "checkpoints", ignore_errors=True)
             (out / "metrics.csv").unlink(missing_ok=True)
         console = make_console()
-        trainer = Trainer(cfg, overlap, out, resume=not fresh, progress=lambda m: console.print(f"[dim]{m}[/dim]"))
-        total = steps or cfg.steps
-        first = trainer.step
-        last = None
-        best_gold = (-math.inf, 0)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.fields[info]}"), console=console) as progress:
-            task = progress.add_task(f"PPO {overlap}", total=total, completed=first, info="")
-            for rec in trainer.run(total):
-                last = rec
-                if not math.isnan(rec.gold_eval) and rec.gold_eval > best_gold[0]:
-                    best_gold = (rec.gold_eval, rec.step)
+        spec, supervisor = build(request, checked, run_id=f"{config.stem}-{overlap}", pausable=False,
+                                 run_through_pause=True)
+        total = spec.steps
+        seen = {"first": 0, "last": None, "best": (-math.inf, 0), "task": None}
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            TextColumn("{task.fields[info]}"), console=console)
+
+        class TrainHooks(JobHooks):
+            """`rlhfops train`'s side of the job: its own worker (resume unless --fresh), a progress bar, no
+            checkpoint scoring (the gold eval runs every `eval_every` steps inside training)."""
+
+            def start_worker(self, spec):
+                trainer = Trainer(spec.config, spec.overlap, spec.out_dir, resume=not fresh,
+                                  progress=lambda m: console.print(f"[dim]{m}[/dim]"))
+                seen["first"] = trainer.step
+                seen["task"] = progress.add_task(f"PPO {spec.overlap}", total=total, completed=trainer.step, info="")
+                return trainer
+
+            def on_step(self, rec, supervisor):
+                seen["last"] = rec
+                if not math.isnan(rec.gold_eval) and rec.gold_eval > seen["best"][0]:
+                    seen["best"] = (rec.gold_eval, rec.step)
                 gold = "" if math.isnan(rec.gold_eval) else f" gold {rec.gold_eval:+.3f}"
-                progress.update(task, completed=rec.step,
+                progress.update(seen["task"], completed=rec.step,
                                 info=f"reward {rec.reward_mean:+.3f}{gold} kl {rec.kl:.2f} Δ {rec.delta}")
+                return None
+
+            def score(self, spec, checkpoints):
+                return []
+
+        with progress:
+            outcome = run_job(spec, hooks=TrainHooks(), supervisor=supervisor)
+        if outcome.error is not None:
+            raise outcome.error
+        last, first, best_gold = seen["last"], seen["first"], seen["best"]
         if last is None:
             console.print(f"nothing to do: {out} already holds step {first} of {total}")
             return
+        paged = sorted({e.alert for e in supervisor.events if e.severity == "paging"})
         console.print(
-            f"[bold]{overlap}[/bold] steps {first + 1}-{last.step} in {last.wall_s:.1f}s train wall | "
+            f"[bold]{spec.overlap}[/bold] steps {first + 1}-{last.step} in {last.wall_s:.1f}s train wall | "
             f"final reward {last.reward_mean:+.3f} | best gold {best_gold[0]:+.3f} @ step {best_gold[1]} | "
             f"run dir {out}"
         )
+        if paged:
+            console.print(f"alerts paged: {', '.join(paged)} (run state {outcome.status.label})")
         if trace:
             n = export_trace(out / "metrics.csv", trace, run_id=f"{config.stem}-{overlap}", label=label)
             console.print(f"trace: {n} rows -> {trace}")

@@ -406,21 +406,29 @@ def test_weights_count_in_the_memory_estimate(tmp_path, monkeypatch):
 def test_flow_parameters_go_through_the_same_validators(tmp_path):
     """A deployment parameter gets the same one-line error as the CLI, naming the parameter."""
     from flows.simulate import resolve_experiment
-    from tasks.training import resolve_train_config
 
     with pytest.raises(BadInput, match=r"override 'seeds=\[-1\]': field 'seeds.0'"):
         resolve_experiment("E1", seeds=[-1])
-    with pytest.raises(BadInput, match=r"override 'ppo.actor_lr=1e\+308': field 'ppo.actor_lr'"):
-        resolve_train_config(str(REPO / "configs" / "ppo-tiny.yaml"), {"ppo.actor_lr": 1e308})
-    with pytest.raises(BadInput, match="policy"):
-        resolve_train_config({"policy": {"hidden_size": 64, "num_heads": 3}})
-    with pytest.raises(BadInput, match="steps: 0"):
-        resolve_train_config(str(REPO / "configs" / "ppo-tiny.yaml"), None, 0)
     (tmp_path / "f").write_text("x")
     from common.validate import check_out_dir
 
     with pytest.raises(BadInput, match="out_dir: "):
         check_out_dir(tmp_path / "f", "out_dir")
+
+
+def test_a_job_request_goes_through_the_same_config_validators(tmp_path):
+    """The rlhf-job flow's request gets the config loader's one-line errors, naming the override or the field."""
+    from training.request import parse_request
+
+    def job(**fields):
+        return parse_request({"out_root": str(tmp_path / "runs"), **fields}).checked()
+
+    with pytest.raises(BadInput, match=r"override 'ppo.actor_lr=1e\+308': field 'ppo.actor_lr'"):
+        job(config=str(REPO / "configs" / "ppo-tiny.yaml"), overrides={"ppo.actor_lr": 1e308})
+    with pytest.raises(BadInput, match="policy"):
+        job(config={"policy": {"hidden_size": 64, "num_heads": 3}})
+    with pytest.raises(BadInput, match="steps: 0"):
+        job(config=str(REPO / "configs" / "ppo-tiny.yaml"), steps=0)
 
 
 def _numeric_leaves(model, prefix=""):

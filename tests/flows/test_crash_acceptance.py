@@ -173,9 +173,10 @@ def test_a_60s_api_outage_during_an_rlhf_job_ends_succeeded_scored_and_registere
     code = textwrap.dedent(f"""
         import json
         from flows.nightly import nightly_job_config
-        from flows.rlhf_job import rlhf_job_internal as rlhf_job
-        state = rlhf_job(config=nightly_job_config(12, {str(tmp_path / 'cache')!r}), overrides={TINY_JOB!r},
-                         name="outage", out_dir={str(job_dir)!r}, return_state=True)
+        from flows.rlhf_job import rlhf_job
+        state = rlhf_job(request=dict(config=nightly_job_config(12, {str(tmp_path / 'cache')!r}),
+                                      overrides={TINY_JOB!r}, name="outage", out_root={str(job_dir)!r},
+                                      run_dir="."), return_state=True)
         res = state.result(raise_on_failure=False)
         print("RESULT " + json.dumps({{"flow_state": state.type.value, "message": state.message,
                                        "summary": res if isinstance(res, dict) else repr(res)}}, default=str))
@@ -228,9 +229,9 @@ def test_two_trains_on_one_run_directory_one_runs_the_other_exits_2(tmp_path):
     import pandas as pd
 
     from flows.nightly import nightly_job_config
-    from tasks.training import resolve_train_config
+    from training.config import resolve_config
 
-    cfg = resolve_train_config(nightly_job_config(6, str(tmp_path / "cache")), TINY_JOB)
+    cfg = resolve_config(nightly_job_config(6, str(tmp_path / "cache")), TINY_JOB)
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     out = tmp_path / "run"

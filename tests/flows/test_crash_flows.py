@@ -29,13 +29,14 @@ def test_a_locked_run_directory_fails_the_job_at_once_without_retries_or_runs(pr
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from flows.rlhf_job import rlhf_job_internal as rlhf_job
+    from flows.rlhf_job import rlhf_job
 
     out = tmp_path / "job"
     with locked_run_dir(out):
-        state = rlhf_job(config=_job_config(tmp_path, 4), overrides=TINY_JOB, out_dir=str(out), return_state=True)
+        state = rlhf_job(request={"config": _job_config(tmp_path, 4), "overrides": TINY_JOB, "out_root": str(out),
+                                  "run_dir": "."}, return_state=True)
     assert state.is_failed()
-    assert "out_dir: run directory" in state.message and "in use by pid" in state.message
+    assert "run_dir: run directory" in state.message and "in use by pid" in state.message
     assert T.find_run(T.DEFAULT_EXPERIMENT, f"flow/{state.state_details.flow_run_id}") is None  # nothing tracked
     with get_client(sync_client=True) as c:
         tasks = c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[
@@ -49,12 +50,12 @@ def test_a_job_failed_by_kl_blowup_registers_nothing_and_a_rerun_starts_over(pre
     """The canaries' 50x learning-rate fault: the KL alert pages, the job ends FAILED(algorithmic_non_convergence)
     with gated checkpoints on disk; before the fix its best checkpoint was registered and took `@best`. Then a
     healthy job on the same directory (resume is the default) starts over: the directory's job had ended."""
-    from flows.rlhf_job import JOB_DONE
-    from flows.rlhf_job import rlhf_job_internal as rlhf_job
+    from flows.rlhf_job import JOB_DONE, rlhf_job
 
     out = tmp_path / "job"
-    state = rlhf_job(config=_job_config(tmp_path, 10, {"kind": "lr_spike", "factor": 50.0, "at_step": 2}),
-                     overrides=TINY_JOB, alert_profile="canary", out_dir=str(out), return_state=True)
+    state = rlhf_job(request={"config": _job_config(tmp_path, 10, {"kind": "lr_spike", "factor": 50.0, "at_step": 2}),
+                              "overrides": TINY_JOB, "alert_profile": "canary", "out_root": str(out), "run_dir": "."},
+                     return_state=True)
     assert state.is_failed()
     summary = json.loads((out / JOB_DONE).read_text())
     assert summary["state"] == "FAILED(algorithmic_non_convergence)", summary
@@ -64,7 +65,8 @@ def test_a_job_failed_by_kl_blowup_registers_nothing_and_a_rerun_starts_over(pre
     assert c.search_model_versions(f"run_id = '{summary['run_id']}'") == []
     assert "kl_blowup" in c.get_run(summary["run_id"]).data.tags["alerts"]
 
-    healthy = rlhf_job(config=_job_config(tmp_path, 4), overrides=TINY_JOB, out_dir=str(out), return_state=True)
+    healthy = rlhf_job(request={"config": _job_config(tmp_path, 4), "overrides": TINY_JOB, "out_root": str(out),
+                                "run_dir": "."}, return_state=True)
     assert healthy.is_completed(), healthy.message
     res = healthy.result()
     # started over: steps 1-4 trained again in this run, not "nothing to do" after the failed job's last step

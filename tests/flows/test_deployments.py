@@ -158,11 +158,13 @@ def test_every_deployment_completes_under_a_real_server_and_process_worker(stack
                          "scheduling-experiment/simulate", "sweep/sweep"], stack["deployed"]
         # all at once (the worker runs them side by side), then the evaluation of what the jobs registered
         submitted = {
-            # the deployment's own defaults; only the run directory moves out of the checkout
-            "job": run_deployment("rlhf-job/rlhf-job", parameters={"out_dir": str(tmp / "job")}, timeout=0),
-            # the docs' example: `prefect deployment run 'rlhf-job/rlhf-job' -p tenant=globex -p steps=40`
-            "job-docs": run_deployment("rlhf-job/rlhf-job", parameters={
-                "tenant": "globex", "steps": 40, "out_dir": str(tmp / "job-globex")}, timeout=0),
+            # the deployment's own defaults; only the output root moves out of the checkout
+            "job": run_deployment("rlhf-job/rlhf-job", parameters={"request": {"out_root": str(tmp / "job")}},
+                                  timeout=0),
+            # the docs' example: `prefect deployment run 'rlhf-job/rlhf-job' -p request='{"tenant": "globex",
+            # "steps": 40}'`
+            "job-docs": run_deployment("rlhf-job/rlhf-job", parameters={"request": {
+                "tenant": "globex", "steps": 40, "out_root": str(tmp / "job-globex")}}, timeout=0),
             "simulate": run_deployment("scheduling-experiment/simulate", parameters={"out_dir": str(tmp / "sim")},
                                        timeout=0),
             "nightly": run_deployment("nightly-sweep/nightly-sweep", parameters={

@@ -2,13 +2,13 @@
 (`prefect.utilities.callables.parameter_schema` of the entrypoint's flow, as prefect/cli/deploy/_core.py does).
 
 Choices come from the domain registries (an independent source: the trainer's overlap modes, the detector
-registry, the experiment list, the canaries), every field has a description, and the chaos/plumbing knobs
-are not in the form but still reach the internal flows."""
+registry, the experiment list, the canaries), every field has a description (a request model's fields too), and
+the chaos/plumbing knobs are not top-level fields of the form (they sit in each flow's `internals` model,
+tests/flows/test_job_request.py)."""
 
 from __future__ import annotations
 
 import importlib
-import inspect
 from pathlib import Path
 
 import pytest
@@ -28,8 +28,19 @@ def _flow(entrypoint: str):
     return getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
 
 
+def _full_schema(entrypoint: str) -> dict:
+    return parameter_schema(_flow(entrypoint)).model_dump()
+
+
 def _schema(entrypoint: str) -> dict:
-    return parameter_schema(_flow(entrypoint)).model_dump()["properties"]
+    return _full_schema(entrypoint)["properties"]
+
+
+def _model_fields(entrypoint: str, param: str) -> dict:
+    """The fields of a flow parameter that is a pydantic model (the form's nested object)."""
+    full = _full_schema(entrypoint)
+    ref = full["properties"][param]["$ref"].rsplit("/", 1)[-1]
+    return full["definitions"][ref]["properties"]
 
 
 def _enum(prop: dict) -> list:
@@ -48,6 +59,11 @@ def test_the_form_describes_every_field_and_hides_internal_knobs(deployment):
     assert not INTERNAL_KNOBS & set(props), f"{deployment['name']}: internal knobs in the form"
     undescribed = [name for name, prop in props.items() if not prop.get("description")]
     assert not undescribed, f"{deployment['name']}: no description for {undescribed}"
+    for param, prop in props.items():  # a request model's fields are the form's nested fields: described too
+        if "$ref" in prop:
+            nested = _model_fields(deployment["entrypoint"], param)
+            undescribed = [name for name, field in nested.items() if not field.get("description")]
+            assert not undescribed, f"{deployment['name']}: no description for {param}.{undescribed}"
     # the deployment's default parameters are fields of the form (deploy would reject the others)
     assert set(deployment.get("parameters", {})) <= set(props)
 
@@ -60,11 +76,11 @@ def test_choices_match_the_domain_registries():
     from training.canaries import CANARIES
     from training.trainer import OVERLAPS
 
-    job = _schema("flows/rlhf_job.py:rlhf_job")
+    job = _model_fields("flows/rlhf_job.py:rlhf_job", "request")
     assert sorted(_enum(job["overlap"])) == sorted(OVERLAPS)
     assert sorted(_enum(job["detector"])) == sorted(EARLY_STOP_DETECTORS)
     assert _enum(job["detector"])[0] == job["detector"]["default"] == DEFAULT_DETECTOR
-    assert _enum(_schema("flows/simulate.py:scheduling_experiment")["experiment"]) == EXPERIMENTS
+    assert _enum(_model_fields("flows/simulate.py:scheduling_experiment", "request")["experiment"]) == EXPERIMENTS
     nightly = _schema("flows/nightly.py:nightly_sweep")
     assert _enum(nightly["experiments"]) == EXPERIMENTS
     assert _enum(nightly["canaries"]) == [c.name for c in CANARIES]
@@ -77,23 +93,4 @@ def test_a_choice_outside_the_list_is_refused_before_the_flow_runs():
     from flows.rlhf_job import rlhf_job
 
     with pytest.raises(ParameterTypeError, match="overlap"):
-        rlhf_job.validate_parameters({"overlap": "sideways"})
-
-
-@pytest.mark.parametrize("public, internal", [
-    ("flows/rlhf_job.py:rlhf_job", "flows/rlhf_job.py:rlhf_job_internal"),
-    ("flows/simulate.py:scheduling_experiment", "flows/simulate.py:scheduling_experiment_internal"),
-    ("flows/evaluate.py:evaluate_checkpoint", "flows/evaluate.py:evaluate_checkpoint_internal"),
-    ("flows/nightly.py:nightly_sweep", "flows/nightly.py:nightly_sweep_internal"),
-])
-def test_the_public_flow_forwards_every_field_to_the_internal_one(public, internal, monkeypatch):
-    """Call the public flow's body with a distinct value per field and see each arrive, under its own name, at
-    the internal flow's body; the internal flow keeps the knobs the form hides."""
-    pub, intern = _flow(public), _flow(internal)
-    params = inspect.signature(pub.fn).parameters
-    assert INTERNAL_KNOBS & set(inspect.signature(intern.fn).parameters)
-    received = {}
-    monkeypatch.setattr(intern, "fn", lambda **kw: received.update(kw) or "ran")
-    sent = {name: f"value-of-{name}" for name in params}
-    assert pub.fn(**sent) == "ran"
-    assert received == sent
+        rlhf_job.validate_parameters({"request": {"overlap": "sideways"}})

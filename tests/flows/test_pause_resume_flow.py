@@ -1,5 +1,5 @@
 """A stop is reversible on the live path: `rlhf_job` paused by its gate detector ends PAUSED_BY_GATE with its best
-checkpoint kept and registered; the same job with `resume_paused=True` continues from that checkpoint's step and
+checkpoint kept and registered; the same job with `resume_paused` on continues from that checkpoint's step and
 ends SUCCEEDED; MLflow tags, `job.json` and `ledger.csv` record the pause and the resume, each step charged once.
 
 Oracles: the steps and phase seconds in the run directory's `metrics.csv` (the trainer's own per-step rows),
@@ -23,14 +23,14 @@ def test_rlhf_job_paused_by_the_gate_resumes_from_its_kept_checkpoint(prefect_se
     """Two 10-step flow runs on one run directory, about 2 minutes here."""
     import eval.detectors
     from flows.nightly import nightly_job_config
-    from flows.rlhf_job import JOB_DONE
-    from flows.rlhf_job import rlhf_job_internal as rlhf_job
+    from flows.rlhf_job import JOB_DONE, rlhf_job
 
     monkeypatch.setattr(eval.detectors, "make_detector", lambda name, **kw: stop_third_early())
     raw = nightly_job_config(10, str(warm_start_cache))
     raw.update(eval_every=2, checkpoint_every=2)
     out = tmp_path / "job"
-    first = rlhf_job(config=raw, overrides=TINY_JOB, out_dir=str(out), return_state=True)
+    job = {"config": raw, "overrides": TINY_JOB, "out_root": str(out), "run_dir": "."}
+    first = rlhf_job(request=job, return_state=True)
     assert first.is_completed(), first.message
     s1 = first.result()
     assert "paused at step 6" in s1["reason"] and "resume" in s1["reason"]
@@ -43,7 +43,7 @@ def test_rlhf_job_paused_by_the_gate_resumes_from_its_kept_checkpoint(prefect_se
     run1 = T.client().get_run(s1["run_id"])
     assert run1.info.status == "FINISHED" and run1.data.tags["final_state"] == "PAUSED_BY_GATE"
 
-    second = rlhf_job(config=raw, overrides=TINY_JOB, out_dir=str(out), resume_paused=True, return_state=True)
+    second = rlhf_job(request={**job, "resume_paused": True}, return_state=True)
     assert second.is_completed(), second.message
     s2 = second.result()
     paused_label = s1["history"][-1]
@@ -62,5 +62,5 @@ def test_rlhf_job_paused_by_the_gate_resumes_from_its_kept_checkpoint(prefect_se
     ran_again = metrics[metrics.step > kept]
     assert ledger.loc[s2["run_id"], "gpu_seconds"] == pytest.approx(ran_again[phase_cols].sum().sum(), abs=1e-4)
 
-    again = rlhf_job(config=raw, overrides=TINY_JOB, out_dir=str(out), resume_paused=True, return_state=True)
+    again = rlhf_job(request={**job, "resume_paused": True}, return_state=True)
     assert again.is_failed() and "resume_paused:" in again.message  # nothing paused left to resume
