@@ -51,6 +51,9 @@ class RunSupervisor:
         self.steps = 0
         #: (paused at step, reason, resumed from checkpoint step) for every pause this run was resumed from
         self.pauses: list[tuple[int | None, str, int]] = []
+        #: the gate's extensions on close decisions: how many, and the eval seconds they took (charged to `eval`)
+        self.extensions = 0
+        self.extra_eval_s = 0.0
 
     def _publish(self) -> None:
         if self.metrics is not None:
@@ -68,9 +71,15 @@ class RunSupervisor:
         self.machine.start()
         self._publish()
 
-    def observe(self, record: Any, charge: bool = True) -> list[Any]:
+    def observe(self, record: Any, charge: bool = True, prompts: Any = None, extend: Any = None) -> list[Any]:
         """One committed step. Returns the alert events that fired at it. `charge=False`: a step replayed from an
-        earlier segment of the run that was charged then (the ledger and the step metrics skip it)."""
+        earlier segment of the run that was charged then (the ledger and the step metrics skip it).
+
+        `prompts` (prompt id -> gold score at this step's gate) goes to a gate detector that needs per-prompt scores
+        (`needs` holds "prompt_scores", e.g. `paired`). `extend(pair) -> ({step: {prompt id: score}}, seconds)`
+        scores more held-out prompts for the two checkpoints of a close decision (the trainer's `extend_gate`):
+        while the detector wants more evidence and `extend` returns scores, they are added and the detector decides
+        again; the seconds are charged to the tenant in the ledger's `eval` phase."""
         from eval.detectors import NAN, Checkpoint
         from eval.health import HealthCheckpoint
 
@@ -92,12 +101,35 @@ class RunSupervisor:
             if self.gate_monitor is not None:
                 # the gate's SE and the proxy reward: what the noise-aware detectors scale and test with
                 progress = record.step / self.planned_steps if self.planned_steps else NAN
-                stop = bool(self.gate_monitor.observe(Checkpoint(
-                    step=float(record.step), eval_score=gold, eval_se=float(getattr(record, "gold_eval_se", NAN)),
-                    reward=float(getattr(record, "reward_mean", NAN)), progress=progress)))
+                cp = Checkpoint(step=float(record.step), eval_score=gold,
+                                eval_se=float(getattr(record, "gold_eval_se", NAN)),
+                                reward=float(getattr(record, "reward_mean", NAN)), progress=progress)
+                if "prompt_scores" in getattr(self.gate_detector, "needs", ()):
+                    stop = bool(self.gate_monitor.observe(cp, prompts))
+                    if extend is not None and prompts is not None:
+                        stop = self._extend(extend, stop, charge)
+                else:
+                    stop = bool(self.gate_monitor.observe(cp))
             self.machine.on_checkpoint(int(record.step), gate_says_stop=stop)
         self._publish()
         return events
+
+    def _extend(self, extend: Any, stop: bool, charge: bool) -> bool:
+        """More held-out prompts for a close decision, until it is decided or `extend` has no more to give."""
+        monitor = self.gate_monitor
+        while not stop and monitor.wants_more_evidence():
+            got, seconds = extend(monitor.pair)
+            if not got:
+                break
+            self.extensions += 1
+            self.extra_eval_s += float(seconds)
+            if charge and self.ledger is not None:
+                self.ledger.charge(self.machine.run_id, self.machine.tenant, self.gpu_kind, "eval",
+                                   float(seconds) * self.n_gpus)
+            for step, scores in got.items():
+                monitor.add_scores(float(step), scores)
+            stop = bool(monitor.recheck())
+        return stop
 
     def pause(self, step: int, reason: str) -> RunStatus | None:
         """A detector outside the supervisor (the platform scheduler's early-stop wrapper) says stop at checkpoint

@@ -249,6 +249,22 @@ def replay(records: list[Any], supervisor: Any, charge: bool = True) -> list[dic
     return out
 
 
+def gate_evidence(trainer: Any, rec: Any) -> dict[str, Any]:
+    """What the supervisor's gate detector may read at a step besides its means: the gate's per-prompt gold scores
+    (`prompts`) and, when the config sets an extension budget, `extend` (the trainer scores the next held-out batch
+    for the two checkpoints of a close decision: `Trainer.extend_gate`). Empty between gates."""
+    records = getattr(trainer, "gate_records", {}).get(int(rec.step)) if math.isfinite(float(rec.gold_eval)) else None
+    if not records:
+        return {}
+    out: dict[str, Any] = {"prompts": {str(r.prompt_id): r.gold_score for r in records}}
+    if getattr(getattr(trainer, "cfg", None), "eval_extra_budget", 0) > 0:
+        def extend(pair):
+            got, seconds = trainer.extend_gate(tuple(int(s) for s in pair))
+            return {s: {str(r.prompt_id): r.gold_score for r in rs} for s, rs in got.items()}, seconds
+        out["extend"] = extend
+    return out
+
+
 def supervise(trainer: Any, supervisor: Any, steps: int | None, hooks: JobHooks | None = None,
               observe: Observer | None = None, pausable: bool = False,
               run_through_pause: bool = False) -> TrainingResult:
@@ -269,7 +285,7 @@ def supervise(trainer: Any, supervisor: Any, steps: int | None, hooks: JobHooks 
                 rec = next(run, None)
                 if rec is None:
                     break
-                supervisor.observe(rec)
+                supervisor.observe(rec, **gate_evidence(trainer, rec))
         except Exception as err:  # a training error ends the run; attribution decides whose fault it is
             result.decision, result.error = "failed", err
             break

@@ -1,7 +1,13 @@
 """The eval gate's per-prompt records with common random numbers (training/gate.py, Trainer.gate/extend_gate):
 the same checkpoint scored twice gives identical records, two checkpoints share each prompt's sampling seed, the
 records' mean is the gate's reported mean (recomputed here from the CSV), and the extension batches stay within
-their budget and in held-out order."""
+their budget and in held-out order.
+
+The gate's extension on close decisions (eval/supervisor.py `RunSupervisor.observe(prompts=, extend=)`,
+training/lifecycle.py `gate_evidence`): while the paired rule is undecided and its point estimate says decline, the
+supervisor asks for more prompts for the two checkpoints in question, the rule decides again, and the extra eval
+seconds land in the tenant's ledger `eval` phase. Oracles: a running total of the seconds the fake gate handed out;
+the rule's verdict before and after, from scores whose decline the test chose."""
 
 import csv
 import math
@@ -9,8 +15,14 @@ import math
 import numpy as np
 import pytest
 
+from eval.health import Catalog
+from eval.paired import PairedStop, Verdict
+from eval.supervisor import RunSupervisor
+from infra.ledger import Ledger
 from training.config import TrainConfig
 from training.gate import GATE_RECORDS, RECORD_COLUMNS, batch_seed, heldout_batches
+from training.lifecycle import gate_evidence
+from training.metrics import StepRecord
 from training.task import gold_score
 from training.trace import export_prompt_records
 from training.trainer import Trainer, gold_eval, latest_checkpoint
@@ -123,3 +135,76 @@ def test_export_prompt_records(run, tmp_path):
     rows = _rows(tmp_path / "prompts.csv")
     assert n == 16 == len(rows) and {r["run_id"] for r in rows} == {"r9"}
     assert tuple(rows[0]) == RECORD_COLUMNS
+
+def _record(step: int) -> StepRecord:
+    return StepRecord(step=step, policy_version=step, reward_mean=0.0, gold_eval=0.0, gold_eval_se=0.1,
+                      phase_seconds={"eval": 1.0})
+
+
+def _supervisor(ledger):
+    sup = RunSupervisor("run-x", "acme", Catalog({}).start(tenant="acme"), gate_detector=PairedStop(alpha=0.02),
+                        ledger=ledger, gpu_kind="cpu", n_gpus=2)
+    sup.begin()
+    return sup
+
+
+def test_close_decision_extends_charges_eval_and_then_stops():
+    rng = np.random.default_rng(0)
+    base = rng.normal(0.0, 1.0, 16)
+    first = {str(i): float(v) for i, v in enumerate(base)}
+    second = {str(i): float(v - 0.1 + rng.normal(0, 0.2)) for i, v in enumerate(base)}
+    ledger = Ledger()
+    sup = _supervisor(ledger)
+    spent = []  # the test's own running total of the seconds the fake gate handed out
+    calls = []
+
+    def extend(pair):
+        calls.append(tuple(pair))
+        if len(calls) > 3:
+            return {}, 0.0
+        ids = range(16 + 64 * (len(calls) - 1), 16 + 64 * len(calls))
+        more = rng.normal(0.0, 1.0, 64)
+        spent.append(0.25 * len(calls))
+        return ({5: {str(i): float(v) for i, v in zip(ids, more, strict=True)},
+                 10: {str(i): float(v - 0.4) for i, v in zip(ids, more, strict=True)}}, spent[-1])
+
+    sup.observe(_record(5), prompts=first, extend=extend)
+    sup.observe(_record(10), prompts=second, extend=None)
+    assert sup.gate_monitor.verdict is Verdict.EXTEND  # close: decline by the point estimate, not yet shown
+    assert not sup.gate_monitor.comparisons[0].upper < 0
+    # the same step again through the extension path: a fresh supervisor sees it with `extend`
+    ledger2 = Ledger()
+    sup2 = _supervisor(ledger2)
+    sup2.observe(_record(5), prompts=first, extend=extend)
+    sup2.observe(_record(10), prompts=second, extend=extend)
+    assert calls and calls[0] == (5.0, 10.0)
+    assert sup2.gate_monitor.verdict is Verdict.STOP and sup2.machine.state.value == "PAUSED_BY_GATE"
+    assert sup2.extensions == len(spent) and sup2.extra_eval_s == pytest.approx(sum(spent))
+    eval_s = ledger2.run_totals()["run-x"].gpu_us_by_phase["eval"] / 1e6
+    # the two gates' own eval (1 s each x 2 GPUs) plus the extensions' seconds x 2 GPUs
+    assert eval_s == pytest.approx(2 * 2 * 1.0 + 2 * sum(spent))
+
+
+def test_no_extension_when_not_close_or_no_budget():
+    same = {str(i): float(i % 5) for i in range(16)}
+    calls = []
+    sup = _supervisor(Ledger())
+    sup.observe(_record(5), prompts=same, extend=lambda pair: calls.append(pair) or ({}, 0.0))
+    sup.observe(_record(10), prompts=same, extend=lambda pair: calls.append(pair) or ({}, 0.0))
+    assert sup.gate_monitor.verdict is Verdict.CONTINUE and not calls  # identical checkpoints: nothing to extend
+
+
+def test_gate_evidence_from_a_real_trainer(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    trainer = Trainer(tiny(cache, eval_extra_budget=8), overlap="none", out_dir=None, resume=False)
+    recs = list(trainer.run(4))
+    assert gate_evidence(trainer, recs[0]) == {}  # no gate at step 1
+    ev = gate_evidence(trainer, recs[3])
+    assert ev["prompts"] == {str(r.prompt_id): r.gold_score for r in trainer.gate_records[4]}
+    got, seconds = ev["extend"]((2.0, 4.0))
+    assert sorted(got) == [2, 4] and set(got[4]) == {"8", "9", "10", "11"} and seconds > 0
+    assert ev["extend"]((2.0, 4.0)) == ({}, 0.0)  # the budget (8 prompt evaluations) is spent
+    assert math.isfinite(sum(got[2].values()))
+    no_budget = Trainer(tiny(cache), overlap="none", out_dir=None, resume=False)
+    rec = list(no_budget.run(2))[-1]
+    assert "extend" not in gate_evidence(no_budget, rec)
