@@ -8,7 +8,7 @@ PIP_FLAGS := --disable-pip-version-check -q
 export OMP_WAIT_POLICY := PASSIVE
 export MPLBACKEND := Agg
 
-.PHONY: install demo test lint bench mutate clean
+.PHONY: install demo test lint bench mutate mutation-report clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,12 +33,17 @@ test: install
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -n 2
 
-# Mutation testing of the PPO math, the streaming scorer, the detectors and the ledger against their fast
-# oracle tests ([tool.mutmut] in pyproject.toml). Resumable; `mutmut results` lists the survivors,
-# `mutmut show NAME` prints one. CPU-heavy: run it by hand, not in CI.
+# Mutation testing of the decision code (PPO math, streaming scorer, detectors, ledger, the simulator's engine and
+# policies, the lifecycle, the OPPO controller, the sweep runner) against their fast oracle tests ([tool.mutmut] in
+# pyproject.toml; docs/testing.md). Resumable; CPU-heavy: by hand or the nightly, never in CI. One module at a time:
+# `make mutate MUTANTS="scheduling.policies*"`. `make mutation-report` writes the score per module and every survivor
+# (with its explanation from tests/mutation_equivalents.toml) into docs/testing.md.
 mutate: install
-	$(BIN)/mutmut run --max-children $${MUTATE_JOBS:-2}
+	$(BIN)/mutmut run --max-children $${MUTATE_JOBS:-2} $(MUTANTS)
 	$(BIN)/mutmut results
+
+mutation-report: install
+	$(BIN)/python tests/mutation_report.py
 
 bench: install
 	$(BIN)/rlhfops bench sim --out bench-sim.json

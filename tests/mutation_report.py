@@ -1,0 +1,106 @@
+"""Write the mutation-testing score per module and every surviving mutant into docs/testing.md.
+
+    .venv/bin/mutmut run --max-children 2 "scheduling.policies*"     # resumable; results accumulate in mutants/
+    .venv/bin/python tests/mutation_report.py                        # or: make mutation-report
+
+Reads what `mutmut results --all true` reports for the modules of `[tool.mutmut] only_mutate` (pyproject.toml),
+prints the table, and rewrites the part of docs/testing.md between the two `mutation-report` markers: per module
+the mutants killed / survived / without a covering test / not yet run and the score (killed / checked); then every
+survivor with its diff (`mutmut show`) and its explanation from tests/mutation_equivalents.toml, or UNEXPLAINED.
+Exit code 1 when a checked module has an unexplained survivor (so the nightly can say so), else 0.
+
+Not a test (pytest collects `test_*.py` only) and no project import: it reads mutmut's results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tomllib
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "testing.md"
+EQUIVALENTS = ROOT / "tests" / "mutation_equivalents.toml"
+START, END = "<!-- mutation-report:start -->", "<!-- mutation-report:end -->"
+#: mutmut's statuses that mean a test noticed the mutant
+DETECTED = {"killed", "timeout", "segfault", "caught by type check"}
+LINE = re.compile(r"^\s+(?P<name>\S+__mutmut_\d+): (?P<status>.+?)\s*$")
+MODULE = re.compile(r"^(?P<module>.+?)\.x(?:_|ǁ)")
+
+
+def mutmut() -> Path:
+    return Path(sys.executable).parent / "mutmut"
+
+
+def modules_configured() -> list[str]:
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    return [p[:-3].replace("/", ".") for p in cfg["only_mutate"]]
+
+
+def results() -> dict[str, str]:
+    out = subprocess.run([str(mutmut()), "results", "--all", "true"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    return {m["name"]: m["status"] for m in map(LINE.match, out.splitlines()) if m}
+
+
+def show(name: str) -> str:
+    out = subprocess.run([str(mutmut()), "show", name], cwd=ROOT, capture_output=True, text=True).stdout
+    diff = [line for line in out.splitlines() if line.startswith(("-", "+")) and not line.startswith(("---", "+++"))]
+    return "\n".join(diff) or out.strip()
+
+
+def table(by_module: dict[str, Counter], order: list[str]) -> list[str]:
+    rows = ["| module | mutants | killed | survived | no covering test | not run | score (killed / checked) |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for mod in order:
+        c = by_module.get(mod, Counter())
+        total = sum(c.values())
+        killed = sum(c[s] for s in DETECTED)
+        not_run = c["not checked"] + c["skipped"]
+        checked = total - not_run
+        score = f"{killed / checked:.1%}" if checked else "not run"
+        rows.append(f"| `{mod}` | {total} | {killed} | {c['survived']} | {c['no tests']} | {not_run} | {score} |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--no-write", action="store_true", help="print only; leave docs/testing.md as it is")
+    args = ap.parse_args(argv)
+
+    order = modules_configured()
+    status = results()
+    by_module: dict[str, Counter] = defaultdict(Counter)
+    for name, st in status.items():
+        m = MODULE.match(name)
+        if m and m.group("module") in order:
+            by_module[m.group("module")][st] += 1
+    explained = tomllib.loads(EQUIVALENTS.read_text()).get("mutant", {}) if EQUIVALENTS.is_file() else {}
+
+    lines = table(by_module, order)
+    survivors = sorted(n for n, st in status.items() if st in ("survived", "no tests")
+                       and (m := MODULE.match(n)) and m.group("module") in order)
+    unexplained = [n for n in survivors if n not in explained]
+    lines += ["", f"Survivors: {len(survivors)} ({len(survivors) - len(unexplained)} explained, "
+                  f"{len(unexplained)} unexplained)."]
+    for name in survivors:
+        why = explained.get(name, {}).get("why", "UNEXPLAINED")
+        lines += ["", f"**`{name}`** ({status[name]}): {why}", "", "```diff", show(name), "```"]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        doc = DOC.read_text()
+        if START not in doc or END not in doc:
+            raise SystemExit(f"{DOC}: the markers {START} and {END} are missing")
+        head, rest = doc.split(START, 1)
+        _, tail = rest.split(END, 1)
+        DOC.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+    return 1 if unexplained else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
