@@ -1,4 +1,5 @@
-"""`rlhfops bench oppo`: sequential vs intra vs inter vs full OPPO, side by side, from one seed."""
+"""`rlhfops bench oppo`: sequential vs intra vs inter vs full OPPO over several seeds, interleaved, with the noise of
+every ratio, the machine's load, and a comparison with a baseline JSON (exit 1 when a ratio regressed)."""
 
 from __future__ import annotations
 
@@ -10,77 +11,155 @@ import typer
 from common.errors import BadInput
 
 
+def _fmt_range(r: dict) -> str:
+    if r["median"] is None:
+        return "n/a"
+    return f"{r['median']:.2f}x \\[{r['min']:.2f}-{r['max']:.2f}]"
+
+
+def _pm(m: dict, key: str, digits: int = 1) -> str:
+    v, se = m.get(key), m.get(f"{key}_se")
+    if v is None:
+        return "not reached"
+    out = f"{v:.{digits}f}" + (f" ± {se:.{digits}f}" if se is not None else "")
+    reached = m.get(f"{key}_reached")
+    if reached is not None and reached < m["n_seeds"]:
+        out += f" ({reached}/{m['n_seeds']})"
+    return out
+
+
 def register_bench(bench_app: typer.Typer) -> None:
     @bench_app.command("oppo")
     def bench_oppo_cmd(
-        quick: bool = typer.Option(False, "--quick", help="fewer steps (for CI and a first look)"),
+        quick: bool = typer.Option(False, "--quick", help="30 steps per run, smoothing 5 (CI, nightly, a first look)"),
         out: Path = typer.Option(None, "--out", help="write the JSON here; the plot goes next to it (.png)"),
         config: Path = typer.Option(Path("configs/ppo-bench.yaml"), "--config", help="PPO config to benchmark"),
         steps: int = typer.Option(None, "--steps",
-                                  help="steps per mode (default: the config's `steps`, or 30 with --quick)"),
+                                  help="steps per run (default: the config's `steps`, or 30 with --quick)"),
+        seeds: int = typer.Option(3, "--seeds", help="seeds per mode (the config's seed, then the next ones)"),
+        gate_every: int = typer.Option(5, "--gate-every", help="steps between held-out gold gates"),
         target_frac: float = typer.Option(0.7, "--target-frac",
-                                          help="target = sequential start + this share of its best improvement"),
+                                          help="targets = sequential start + this share of its best improvement"),
+        baseline: Path = typer.Option(None, "--baseline",
+                                      help="an earlier run's JSON (same settings): say which ratio fell beyond its "
+                                           "noise; exit 1 if one did"),
+        ablation: bool = typer.Option(False, "--ablation",
+                                      help="instead of the four modes: sequential, then full overlap with each "
+                                           "correction (none, tis, decoupled) at staleness bounds 1 and 4"),
+        slow_intra: float = typer.Option(0.0, "--slow-intra", hidden=True,
+                                         help="demonstration fault: the intra mode sleeps this many seconds per "
+                                              "decoded chunk (shows the --baseline check flagging a slowed path)"),
     ) -> None:
-        """Run none/intra/inter/full PPO in round-robin; report time-to-reward, samples/s and speedups."""
+        """Run the OPPO modes round-robin over seeds; time to proxy and held-out gold targets, final held-out gold,
+        tokens; every ratio as median [min-max] over seeds; the load average while it ran."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
 
+        from common.validate import check_out_file
         from rlhfops.console import make_console
-        from training.bench import bench_oppo, plot_bench
+        from training.bench import (
+            DEFAULT_VARIANTS,
+            ablation_variants,
+            bench_oppo,
+            comparable,
+            compare_with_baseline,
+            plot_bench,
+        )
         from training.config import load_config
 
         if not 0.0 < target_frac <= 1.0:
             raise BadInput("--target-frac: must be in (0, 1]")
         if steps is not None and steps < 10:
             raise BadInput("--steps: need at least 10 steps per mode")
-        from common.validate import check_out_file
-
+        if not 1 <= seeds <= 20:
+            raise BadInput("--seeds: need 1 to 20 seeds")
+        if gate_every < 1:
+            raise BadInput("--gate-every: need at least 1")
+        if not 0.0 <= slow_intra <= 10.0:
+            raise BadInput("--slow-intra: seconds per chunk in [0, 10]")
         check_out_file(out, "out")
         if out is not None:
             check_out_file(out.with_suffix(".png"), "out (its .png plot)")
         cfg = load_config(config)
         n_steps = steps or (30 if quick else cfg.steps)
         smooth = 5 if quick else 8
+        seed_list = [cfg.seed + i for i in range(seeds)]
+        base = None
+        if baseline is not None:
+            try:
+                base = json.loads(baseline.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+                raise BadInput(f"--baseline: cannot read '{baseline}' as JSON ({type(err).__name__})") from None
+            settings = {"steps": n_steps, "seeds": seed_list, "target_frac": target_frac,
+                        "smooth_window": smooth, "gate_every": gate_every}
+            why = comparable(settings, base) if isinstance(base, dict) else "it is not a JSON object"
+            if why:
+                raise BadInput(f"--baseline: '{baseline}' cannot be compared with this run: {why} "
+                               "(rerun with the baseline's settings)")
+        variants = ablation_variants() if ablation else DEFAULT_VARIANTS
         console = make_console()
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console) as progress:
-            task = progress.add_task("none | intra | inter | full, round-robin", total=n_steps)
-            result = bench_oppo(cfg, n_steps, smooth=smooth, target_frac=target_frac,
+            task = progress.add_task(f"{len(variants)} variants x {seeds} seeds, round-robin", total=n_steps)
+            result = bench_oppo(cfg, n_steps, smooth=smooth, target_frac=target_frac, seeds=tuple(seed_list),
+                                gate_every=gate_every, variants=variants, slow_intra_s=slow_intra,
                                 progress=lambda done, total: progress.update(task, completed=done))
         result["quick"] = quick
-        table = Table(title=f"rlhfops bench oppo ({n_steps} steps per mode, target reward "
-                            f"{result['target_reward']:+.3f})")
-        for col in ("mode", "time-to-reward s", "steps-to-reward", "speedup", "step s", "samples/s",
-                    "final train reward", "held-out proxy", "held-out gold", "rollout/score/optim share",
-                    "Δ mean", "C"):
+        ref = result["reference"]
+        table = Table(title=f"rlhfops bench oppo ({n_steps} steps per run, seeds {seed_list}; mean ± SE over seeds; "
+                            "ratios: median \\[min-max] over seeds)")
+        for col in ("mode", "time to gold s", "time to proxy s", "speedup gold", "speedup proxy", "step speedup",
+                    "final held-out gold", "tokens generated", "tokens trained", "step s", "ESS min",
+                    "rollout/score/optim"):
             table.add_column(col, justify="right")
-        for mode, m in result["modes"].items():
-            sp = result["speedup"].get(mode)
-            ttr = m["time_to_reward_s"]
+        for label, m in result["modes"].items():
+            r = {k: result["ratios"][k].get(label) for k in ("speedup_gold", "speedup", "step_time_speedup")}
+            one = "1.00x" if label == ref else None
             share = m["phase_share"]
             table.add_row(
-                mode, "not reached" if ttr is None else f"{ttr:.1f}", str(m["steps_to_reward"] or "-"),
-                "1.00x" if mode == "none" else ("n/a" if sp is None else f"{sp:.2f}x"),
-                f"{m['step_s_mean']:.3f}", f"{m['samples_per_s']:.1f}",
-                f"{m['final_reward']:+.3f} ± {m['final_reward_se']:.3f}",
-                f"{m['final_proxy_heldout']:+.3f} ± {m['final_proxy_heldout_se']:.3f}",
-                f"{m['final_gold_heldout']:+.3f} ± {m['final_gold_heldout_se']:.3f}",
+                label, _pm(m, "time_to_gold_s"), _pm(m, "time_to_reward_s"),
+                one or _fmt_range(r["speedup_gold"]), one or _fmt_range(r["speedup"]),
+                one or _fmt_range(r["step_time_speedup"]),
+                _pm(m, "final_gold_heldout", 3), _pm(m, "tokens_generated", 0), _pm(m, "tokens_trained", 0),
+                f"{m['step_s_mean']:.3f}", f"{m['is_ess_min']:.2f}",
                 f"{share['rollout']:.0%}/{share['score']:.0%}/{share['optim']:.0%}",
-                f"{m['delta_mean']:.1f}", str(m["chunk_size_final"] or "-"),
             )
         console.print(table)
+        ld = result["load"]
+        console.print(f"load average (1 min) while it ran: before {ld['before_1m']:.2f}, after {ld['after_1m']:.2f}, "
+                      f"min {ld['min_1m']:.2f}, max {ld['max_1m']:.2f}, mean {ld['mean_1m']:.2f} on {ld['cpus']} CPUs; "
+                      f"bench wall {result['bench_wall_s']:.0f} s")
+        for label, g in result["final_gold_gap"].items():
+            se = f" ± {g['se']:.3f}" if g["se"] is not None else ""
+            console.print(f"final held-out gold {label} - {ref}: {g['mean']:+.3f}{se} (paired by seed)")
         w = result["workload"]
-        console.print(f"workload (sequential run): {w['responses']} responses, median length {w['median_len']:.0f}, "
-                      f"p90 {w['p90_len']:.0f}, max {w['max_len']}, {w['frac_ge_4x_median']:.1%} >= 4x median "
-                      f"({'long-tailed' if w['long_tailed'] else 'NOT long-tailed: < 10%'}); first 10 steps: median "
-                      f"{w['first10_median_len']:.0f}, {w['first10_frac_ge_4x_median']:.1%} >= 4x median")
-        for mode in ("inter", "full"):
-            h = result["modes"][mode]["deferral_histogram"]
-            console.print(f"deferral ({mode}): 0 steps {h['0']:.1%}, 1 {h['1']:.1%}, 2 {h['2']:.1%}, "
-                          f">=3 {h['3+']:.1%}, mean {h['mean']:.2f}")
+        console.print(f"workload ({ref} runs): {w['responses']} responses, median length {w['median_len']:.0f}, "
+                      f"p90 {w['p90_len']:.0f}, max {w['max_len']}, {w['frac_ge_4x_median']:.1%} >= 4x median")
+        regressed = []
+        if base is not None:
+            rows = compare_with_baseline(result, base)
+            result["baseline_comparison"] = {"baseline": str(baseline), "rows": rows}
+            cmp = Table(title=f"against {baseline} (regressed: current seeds all below the baseline's, median down "
+                              "> 10%)")
+            for col in ("ratio", "baseline median \\[range]", "now median \\[range]", "change", "verdict"):
+                cmp.add_column(col, justify="right")
+            for row in rows:
+                if row["current_median"] is None or row["baseline_median"] is None:
+                    cmp.add_row(row["ratio"], "n/a", "n/a", "-", "not compared (target not reached)")
+                    continue
+                b, c = row["baseline_range"], row["current_range"]
+                cmp.add_row(row["ratio"], f"{row['baseline_median']:.2f} \\[{b[0]:.2f}-{b[1]:.2f}]",
+                            f"{row['current_median']:.2f} \\[{c[0]:.2f}-{c[1]:.2f}]", f"{row['change']:+.0%}",
+                            "REGRESSED" if row["regressed"] else "within noise")
+            console.print(cmp)
+            regressed = [r["ratio"] for r in rows if r["regressed"]]
+            console.print(f"regressed beyond noise: {', '.join(regressed)}" if regressed
+                          else "no ratio fell beyond its noise")
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(result, indent=2) + "\n")
             plot = out.with_suffix(".png")
             plot_bench(result, plot)
             console.print(f"wrote {out} and {plot}")
+        if regressed:
+            raise typer.Exit(1)
