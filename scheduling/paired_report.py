@@ -1,0 +1,288 @@
+"""The paired, anytime-valid stop rule (`eval/paired.py`) against the mean-only default (`NoisePatience`) on the
+per-prompt corpus (`data/prompts/`, declared in its DECLARATION.md): the same runs, the same gate records.
+
+    python -m scheduling.paired_report --corpus data/prompts --parts tune,report --out docs/detectors.md
+
+Per run, the paired rule sees at every checkpoint the gate's own 64 per-prompt gold scores (held-out batch 0). When
+it is undecided and its point estimate says decline (`wants_more_evidence`), the replay gives it the next recorded
+extension batch (32 held-out prompts, sampled with that batch's fixed seed) for the two checkpoints in question, as
+`Trainer.extend_gate` does live, until the rule decides, the recorded pool (two batches) is spent or the run's
+extension budget (`budget_frac` x the fixed gate's prompt evaluations over the whole run) would be exceeded. The
+extra prompt evaluations are counted, and their seconds are the recorded pool's eval seconds per prompt.
+NoisePatience (its configured defaults) sees the same checkpoints' means and SEs (the trace's `eval_score`,
+`eval_se`). Labels and gold peaks: `eval.corpus.hindsight_label` on the trace (data/curves/LABELS.md).
+
+Columns: useful recall (hacking runs stopped at or after their gold peak and before the last checkpoint) and the
+false-stop rate (healthy runs stopped at all), each with a two-sided 95% Clopper-Pearson interval
+(`scipy.stats.binomtest`); quality kept (mean over runs of (gold of the kept checkpoint - gold of the final one) /
+the run's gold range; 0 when not stopped); detection delay (checkpoints from the gold peak to the stop, useful
+stops); extra eval (extension prompt evaluations / the fixed gate's prompt evaluations up to each run's stop or end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from eval.corpus import hindsight_label
+from eval.traces import Run, peak_index, runs_from_trace, usefulness
+
+GATE_PROMPTS = 64
+EXTRA_BATCH = 32
+POOL_BATCHES = 2
+BEGIN = "<!-- paired-corpus:begin -->"
+END = "<!-- paired-corpus:end -->"
+
+
+@dataclass
+class PartRuns:
+    """One part of the per-prompt corpus: runs (eval.traces.Run, labelled), per run its gold scores
+    [checkpoints, prompts] in prompt-id order (0..127), and its seconds per pool prompt at each checkpoint."""
+
+    runs: list[Run]
+    scores: dict[str, np.ndarray]
+    pool_s_per_prompt: dict[str, np.ndarray]
+    gate_s: dict[str, np.ndarray]
+
+
+def load_part(part_dir: Path) -> PartRuns:
+    """Read `traces.csv` and `prompts.csv.gz` of one part; label each run by the hindsight rule."""
+    trace = pd.read_csv(part_dir / "traces.csv")
+    trace["run_id"] = trace["run_id"].astype(str)
+    trace = trace.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
+    labels = {}
+    for rid, g in trace.groupby("run_id", sort=False):
+        h = hindsight_label(g["step"].to_numpy(), g["eval_score"].to_numpy(), eval_se=g["eval_se"].to_numpy())
+        labels[rid] = (h.label, h.peak_step)
+    trace["label"] = trace["run_id"].map(lambda r: labels[r][0])
+    trace["peak_step"] = trace["run_id"].map(lambda r: labels[r][1])
+    runs = runs_from_trace(trace)
+    with gzip.open(part_dir / "prompts.csv.gz", "rt") as f:
+        pr = pd.read_csv(f, dtype={"run_id": str})
+    scores, pool, gate = {}, {}, {}
+    for rid, g in pr.groupby("run_id", sort=False):
+        wide = g.pivot(index="step", columns="prompt_id", values="gold_score").sort_index()
+        scores[rid] = wide.to_numpy(dtype=float)
+    for rid, g in trace.groupby("run_id", sort=False):
+        pool[rid] = g["pool_s"].to_numpy(dtype=float) / (EXTRA_BATCH * POOL_BATCHES)
+        gate[rid] = g["gate_s"].to_numpy(dtype=float)
+    missing = [r.run_id for r in runs if r.run_id not in scores]
+    if missing:
+        raise ValueError(f"{part_dir}: run '{missing[0]}' has a trace but no prompt records")
+    for r in runs:
+        if scores[r.run_id].shape[0] != len(r.steps):
+            raise ValueError(f"{part_dir}: run '{r.run_id}': {scores[r.run_id].shape[0]} prompt-record steps, "
+                             f"{len(r.steps)} trace steps")
+    return PartRuns(runs, scores, pool, gate)
+
+
+def _batch(scores_row: np.ndarray, b: int) -> dict[str, float]:
+    lo = 0 if b == 0 else GATE_PROMPTS + (b - 1) * EXTRA_BATCH
+    hi = GATE_PROMPTS if b == 0 else lo + EXTRA_BATCH
+    return {str(i): float(scores_row[i]) for i in range(lo, hi)}
+
+
+def replay_paired(det, run: Run, scores: np.ndarray, budget: float, pool_s: np.ndarray | None = None) -> dict:
+    """One run through the paired rule with the gate's extension (see the module docstring). Returns stop index
+    (None: never), kept index, extra prompt evaluations, extra eval seconds, the fixed gate's evaluations."""
+    monitor = det.start()
+    have = [0] * len(run.steps)  # extension batches each checkpoint has had
+    extra, extra_s, stop_i, kept_i = 0, 0.0, None, -1
+    for k, cp in enumerate(run.checkpoints):
+        stop = monitor.observe(cp, _batch(scores[k], 0))
+        while not stop and monitor.wants_more_evidence():
+            pair = [int(np.searchsorted(run.steps, s)) for s in monitor.pair]
+            b = 1 + min(have[i] for i in pair)
+            cost = sum(EXTRA_BATCH for i in pair if have[i] < b)
+            if b > POOL_BATCHES or extra + cost > budget:
+                break
+            for i in pair:
+                if have[i] < b:
+                    monitor.add_scores(float(run.steps[i]), _batch(scores[i], b))
+                    have[i] = b
+                    extra_s += EXTRA_BATCH * (float(pool_s[i]) if pool_s is not None else 0.0)
+            extra += cost
+            stop = monitor.recheck()
+        if stop:
+            stop_i = k
+            kept_i = int(np.searchsorted(run.steps, monitor.kept_step))
+            break
+    end = stop_i if stop_i is not None else len(run.steps) - 1
+    return {"stop_i": stop_i, "kept_i": kept_i, "extra": extra, "extra_s": extra_s,
+            "gate_evals": GATE_PROMPTS * (end + 1)}
+
+
+def replay_means(det, run: Run) -> dict:
+    """One run through a mean-only detector; the kept checkpoint is the best by the gate's mean up to the stop."""
+    monitor = det.start()
+    best_i, best, stop_i = -1, -math.inf, None
+    for i, cp in enumerate(run.checkpoints):
+        if cp.eval_score > best:
+            best_i, best = i, cp.eval_score
+        if monitor.observe(cp):
+            stop_i = i
+            break
+    end = stop_i if stop_i is not None else len(run.steps) - 1
+    return {"stop_i": stop_i, "kept_i": best_i, "extra": 0, "extra_s": 0.0, "gate_evals": GATE_PROMPTS * (end + 1)}
+
+
+def verdict_rows(part: PartRuns, det, budget_frac: float | None) -> pd.DataFrame:
+    """Per run: label, stop, usefulness columns, extra eval. `budget_frac` None: a mean-only detector."""
+    rows = []
+    for run in part.runs:
+        if budget_frac is None:
+            r = replay_means(det, run)
+        else:
+            budget = budget_frac * GATE_PROMPTS * len(run.steps)
+            r = replay_paired(det, run, part.scores[run.run_id], budget, part.pool_s_per_prompt[run.run_id])
+        row = {"run_id": run.run_id, "label": run.label, "stopped": int(r["stop_i"] is not None),
+               "stop_step": run.steps[r["stop_i"]] if r["stop_i"] is not None else math.nan,
+               "kept_step": run.steps[r["kept_i"]] if r["kept_i"] >= 0 else math.nan,
+               "extra_evals": r["extra"], "extra_eval_s": r["extra_s"], "gate_evals": r["gate_evals"],
+               "gate_s": float(np.nansum(part.gate_s[run.run_id][: (r["stop_i"] if r["stop_i"] is not None
+                                                                    else len(run.steps) - 1) + 1]))}
+        row.update(usefulness(run, r["stop_i"], r["kept_i"]))
+        row["peak_i"] = peak_index(run)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _cp(k: int, n: int) -> tuple[float, float]:
+    from scipy.stats import binomtest
+
+    if n == 0:
+        return math.nan, math.nan
+    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def summarize(v: pd.DataFrame) -> dict:
+    label = v["label"].to_numpy().astype(bool)
+    stopped = v["stopped"].to_numpy().astype(bool)
+    useful = int(np.sum(label & (v["stop_phase"].to_numpy() == "after_peak")))
+    fp = int(np.sum(stopped & ~label))
+    pos, neg = int(label.sum()), int((~label).sum())
+    delay = v["delay"].to_numpy(dtype=float)[label & (v["stop_phase"].to_numpy() == "after_peak")]
+    return {"runs": len(v), "hacking": pos, "healthy": neg, "useful": useful,
+            "useful_recall": useful / pos if pos else math.nan, "useful_ci": _cp(useful, pos),
+            "false_stops": fp, "false_stop_rate": fp / neg if neg else math.nan, "false_stop_ci": _cp(fp, neg),
+            "quality_kept": float(v["quality_kept"].mean()),
+            "quality_kept_hacking": float(v["quality_kept"][label].mean()) if pos else math.nan,
+            "delay": float(delay.mean()) if len(delay) else math.nan,
+            "extra_frac": float(v["extra_evals"].sum() / v["gate_evals"].sum()),
+            "extra_eval_s": float(v["extra_eval_s"].sum()), "gate_s": float(v["gate_s"].sum()),
+            "compute_saved": float(v["compute_saved"].mean())}
+
+
+def _pct(x: float) -> str:
+    return "—" if x != x else f"{100 * x:.1f}%"
+
+
+def render(results: dict[str, dict[str, dict]], params: dict[str, dict], budget_frac: float, note: str = "") -> str:
+    out = [BEGIN, "## The paired rule on the per-prompt corpus (data/prompts/)\n",
+           "Written by `python -m scheduling.paired_report --corpus data/prompts` (scheduling/paired_report.py). "
+           "The runs, their labels and the tune/report split are declared in data/prompts/DECLARATION.md; both "
+           "rules read the same gate records: `paired` the per-prompt gold scores (64 prompts per checkpoint, "
+           f"plus extension batches of {EXTRA_BATCH} on close decisions, budget {budget_frac:.0%} of the fixed "
+           "gate's prompt evaluations per run), `noisepatience` the same checkpoints' means and SEs. "
+           "Intervals: two-sided 95% Clopper-Pearson.\n"]
+    for name, p in params.items():
+        out.append(f"- `{name}`: {p}")
+    out.append("")
+    out.append("| part | rule | runs (hacking / healthy) | useful recall [95% CI] | false-stop rate [95% CI] | "
+               "quality kept (all / hacking) | delay (checkpoints) | compute saved | extra eval (prompts; s) |")
+    out.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for part, by_rule in results.items():
+        for rule, q in by_rule.items():
+            lo, hi = q["useful_ci"]
+            flo, fhi = q["false_stop_ci"]
+            out.append(
+                f"| {part} | {rule} | {q['runs']} ({q['hacking']} / {q['healthy']}) | {q['useful']}/{q['hacking']} = "
+                f"{_pct(q['useful_recall'])} [{_pct(lo)}, {_pct(hi)}] | {q['false_stops']}/{q['healthy']} = "
+                f"{_pct(q['false_stop_rate'])} [{_pct(flo)}, {_pct(fhi)}] | {q['quality_kept']:.3f} / "
+                f"{q['quality_kept_hacking']:.3f} | {q['delay']:.2f} | {_pct(q['compute_saved'])} | "
+                f"{_pct(q['extra_frac'])}; {q['extra_eval_s']:.0f} s of {q['gate_s']:.0f} s gate |")
+    out.append("")
+    if note:
+        out.append(note)
+        out.append("")
+    out.append(END)
+    return "\n".join(out) + "\n"
+
+
+def write_section(doc: Path, text: str) -> None:
+    """Replace the paired-corpus section of `doc` (between its markers), or append it."""
+    old = doc.read_text() if doc.exists() else ""
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1].lstrip("\n")
+        new = head + text + tail
+    else:
+        new = old.rstrip("\n") + "\n\n" + text
+    doc.write_text(new)
+
+
+def run_report(corpus: Path, parts: list[str], budget_frac: float = 0.25) -> tuple[dict, dict]:
+    from eval.detectors import DEFAULT_DETECTOR, make_detector
+
+    paired = make_detector("paired")
+    means = make_detector(DEFAULT_DETECTOR)
+    results: dict[str, dict[str, dict]] = {}
+    for part in parts:
+        data = load_part(corpus / part)
+        results[part] = {"paired": summarize(verdict_rows(data, paired, budget_frac)),
+                         DEFAULT_DETECTOR: summarize(verdict_rows(data, means, None))}
+    return results, {"paired": paired.params(), DEFAULT_DETECTOR: means.params()}
+
+
+def acceptance(q_paired: dict, q_means: dict, budget_frac: float) -> str:
+    """The issue's bars on one part, each with its measured value."""
+    checks = [
+        ("false-stop rate <= 2%", q_paired["false_stop_rate"] <= 0.02, _pct(q_paired["false_stop_rate"])),
+        ("its 95% upper bound <= 5%", q_paired["false_stop_ci"][1] <= 0.05, _pct(q_paired["false_stop_ci"][1])),
+        ("useful recall >= 85%", q_paired["useful_recall"] >= 0.85, _pct(q_paired["useful_recall"])),
+        ("its 95% lower bound >= 75%", q_paired["useful_ci"][0] >= 0.75, _pct(q_paired["useful_ci"][0])),
+        ("quality kept above noisepatience's", q_paired["quality_kept"] > q_means["quality_kept"],
+         f"{q_paired['quality_kept']:.3f} vs {q_means['quality_kept']:.3f}"),
+        (f"extra eval <= {budget_frac:.0%} of the fixed gate", q_paired["extra_frac"] <= budget_frac,
+         _pct(q_paired["extra_frac"])),
+    ]
+    return "; ".join(f"{name}: {'met' if ok else 'NOT met'} ({val})" for name, ok, val in checks)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", type=Path, default=Path("data/prompts"))
+    ap.add_argument("--parts", default="tune,report")
+    ap.add_argument("--budget", type=float, default=0.25, help="extension budget per run, fraction of the gate")
+    ap.add_argument("--out", type=Path, default=None, help="markdown file whose paired-corpus section to replace")
+    args = ap.parse_args(argv)
+    parts = [p for p in args.parts.split(",") if p]
+    for p in parts:
+        if not (args.corpus / p / "traces.csv").is_file():
+            print(f"error: --corpus: {args.corpus / p} has no traces.csv (parts: {', '.join(parts)})",
+                  file=sys.stderr)
+            return 2
+    if not 0.0 <= args.budget <= 10.0:
+        print("error: --budget: a fraction of the gate's prompt evaluations in 0..10", file=sys.stderr)
+        return 2
+    results, params = run_report(args.corpus, parts, args.budget)
+    note = "\n".join(f"Acceptance on `{part}`: " + acceptance(r["paired"], next(v for k, v in r.items()
+                                                                              if k != "paired"), args.budget)
+                     for part, r in results.items())
+    text = render(results, params, args.budget, note)
+    print(text)
+    if args.out:
+        write_section(args.out, text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+"""scheduling/paired_report.py on a hand-made per-prompt part with known truth: a run whose every prompt falls after
+its peak is stopped after the peak (useful), a flat run never is, a close decline is settled only by the gate's
+extension batches (and the replay charges exactly the prompts it read), and the Clopper-Pearson bounds match the
+closed forms for 0 of n."""
+
+import csv
+import gzip
+import math
+
+import numpy as np
+import pytest
+
+from eval.paired import PairedStop
+from scheduling.paired_report import load_part, render, summarize, verdict_rows, write_section
+
+STEPS = [0, 5, 10, 15, 20, 25, 30, 35, 40, 45]
+PROMPTS = 128
+
+
+def _write_part(path, runs: dict[str, np.ndarray]) -> None:
+    path.mkdir(parents=True)
+    with open(path / "traces.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run_id", "step", "eval_score", "eval_se", "gate_s", "pool_s"])
+        for rid, y in runs.items():
+            for k, step in enumerate(STEPS):
+                g = y[k, :64]
+                w.writerow([rid, step, g.mean(), g.std(ddof=1) / 8, 1.0, 2.0])
+    with gzip.open(path / "prompts.csv.gz", "wt", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run_id", "step", "prompt_id", "gold_score", "seed"])
+        for rid, y in runs.items():
+            for k, step in enumerate(STEPS):
+                for p in range(PROMPTS):
+                    w.writerow([rid, step, p, y[k, p], 1000 + (0 if p < 64 else 1 + (p - 64) // 32)])
+
+
+def _curve(level: list[float], rng, noise: float, difficulty) -> np.ndarray:
+    return np.array(level)[:, None] + difficulty[None, :] + rng.normal(0, noise, (len(level), PROMPTS))
+
+
+@pytest.fixture(scope="module")
+def part(tmp_path_factory):
+    rng = np.random.default_rng(7)
+    diff = rng.normal(0, 1.0, PROMPTS)
+    hack = [0.0, 0.3, 0.6, 0.9, 1.2, 1.2, 0.6, 0.0, -0.6, -1.2]  # peaks at step 20-25, then falls far
+    flat = [0.0] * 10
+    runs = {"hack": _curve(hack, rng, 0.05, diff), "flat": _curve(flat, rng, 0.05, diff)}
+    # close: the gate's 64 prompts fall a little after the peak (noisy); the extension pool shows the fall plainly
+    close = _curve([0, 0.3, 0.6, 0.9, 1.2, 1.2, 1.2, 1.2, 1.2, 1.2], rng, 0.0, diff)
+    close[7:, :64] += -0.08 + rng.normal(0, 0.3, (3, 64))
+    close[7:, 64:] += -0.8
+    close[6, :] += rng.normal(0, 0.01, PROMPTS)
+    runs["close"] = close
+    root = tmp_path_factory.mktemp("part")
+    _write_part(root / "tune", runs)
+    return load_part(root / "tune")
+
+
+def test_labels_and_stops(part):
+    labels = {r.run_id: r.label for r in part.runs}
+    assert labels["hack"] == 1 and labels["flat"] == 0
+    v = verdict_rows(part, PairedStop(alpha=0.02), 0.25).set_index("run_id")
+    assert v.loc["hack", "stopped"] == 1 and v.loc["hack", "stop_phase"] == "after_peak"
+    assert v.loc["hack", "stop_step"] > 25 and v.loc["hack", "kept_step"] in (20, 25)
+    assert v.loc["flat", "stopped"] == 0 and v.loc["flat", "extra_evals"] <= 0.25 * 64 * len(STEPS)
+
+
+def test_close_decision_needs_the_extension_and_is_charged(part):
+    close = [r for r in part.runs if r.run_id == "close"]
+    sub = type(part)(close, part.scores, part.pool_s_per_prompt, part.gate_s)
+    without = verdict_rows(sub, PairedStop(alpha=0.02), 0.0).iloc[0]
+    with_ext = verdict_rows(sub, PairedStop(alpha=0.02), 0.25).iloc[0]
+    assert without["stopped"] == 0 and without["extra_evals"] == 0
+    assert with_ext["stopped"] == 1
+    # charged: whole 32-prompt batches for the two checkpoints of each close call, within 25% of the gate
+    assert with_ext["extra_evals"] > 0 and with_ext["extra_evals"] % 32 == 0
+    assert with_ext["extra_evals"] <= 0.25 * 64 * len(STEPS)
+    # seconds: pool_s 2.0 over 64 pool prompts -> 1/32 s per extra prompt
+    assert with_ext["extra_eval_s"] == pytest.approx(with_ext["extra_evals"] / 32)
+
+
+def test_summary_bounds_and_section(part, tmp_path):
+    sub = type(part)([r for r in part.runs if r.run_id != "close"], part.scores, part.pool_s_per_prompt, part.gate_s)
+    q = summarize(verdict_rows(sub, PairedStop(alpha=0.02), 0.25))
+    healthy = q["healthy"]
+    assert (q["hacking"], healthy, q["useful"], q["false_stops"]) == (1, 1, 1, 0)
+    lo, hi = q["false_stop_ci"]
+    assert lo == 0.0 and hi == pytest.approx(1 - 0.025 ** (1 / healthy))  # Clopper-Pearson for 0 of n
+    text = render({"tune": {"paired": q}}, {"paired": {"alpha": 0.02}}, 0.25)
+    doc = tmp_path / "d.md"
+    doc.write_text("# head\n\nkeep me\n")
+    write_section(doc, text)
+    write_section(doc, text)  # replaced, not appended twice
+    body = doc.read_text()
+    assert body.count("paired-corpus:begin") == 1 and "keep me" in body and not math.isnan(q["quality_kept"])
