@@ -147,3 +147,29 @@ def test_the_frame_shows_the_same_bill():
         steps = COUNTS[run][2]
         if steps:
             assert row["cost_per_step"] == pytest.approx(float(cost / steps), rel=1e-12)
+
+
+def test_simulated_jobs_edge_cases_by_hand():
+    """Tenant names given explicitly, a tenant index past the names (booked to `tenant<i>`), and a job whose evals
+    would exceed its GPU time (eval is capped at the job's GPU time, nothing is left for optim)."""
+    jobs = pd.DataFrame([
+        # 1 GPU x 1 min x 4 checkpoints = 240 GPU-s of evals, but the job held its GPU only 2 min: eval 120, optim 0
+        dict(experiment="E", variant="v", scheduler="S", seed=0, job_id=0, tenant=1, gpus=1, eval_minutes=1.0,
+             checkpoints=4, gpu_minutes=2.0),
+        # tenant index 2 == len(names): no name, booked to "tenant2"; evals 2 x 0.5 x 1 x 60 = 60 of its 600
+        dict(experiment="E", variant="v", scheduler="S", seed=0, job_id=1, tenant=2, gpus=2, eval_minutes=0.5,
+             checkpoints=1, gpu_minutes=10.0),
+        # evals exactly the job's GPU time: 1 x 2 x 1 x 60 = 120 = 2 min: optim 0
+        dict(experiment="E", variant="v", scheduler="S", seed=0, job_id=2, tenant=0, gpus=1, eval_minutes=2.0,
+             checkpoints=1, gpu_minutes=2.0),
+    ])
+    ledger = Ledger(PRICES)
+    charge_simulated_jobs(ledger, jobs, gpu_kind="l4", tenants=["north", "south"])
+    tenants = ledger.tenant_totals()
+    assert set(tenants) == {"north", "south", "tenant2"}
+    assert tenants["south"].gpu_us_by_phase == {**dict.fromkeys(PHASES, 0), "eval": 120 * MICRO}
+    assert tenants["tenant2"].gpu_us_by_phase == {**dict.fromkeys(PHASES, 0), "eval": 60 * MICRO,
+                                                  "optim": 540 * MICRO}
+    assert tenants["north"].gpu_us_by_phase == {**dict.fromkeys(PHASES, 0), "eval": 120 * MICRO}
+    assert [tenants[t].steps for t in ("north", "south", "tenant2")] == [1, 4, 1]
+    assert tenants["tenant2"].cost == F(600, 3600) * PRICE["l4"]
