@@ -115,3 +115,23 @@ def test_train_reports_a_config_error_before_importing_torch(tmp_path):
     (line,) = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert "ppo.actor_lr" in line and "<= 1" in line
     assert not (tmp_path / "run").exists()
+
+
+def test_resume_builds_the_same_request_and_refuses_a_bad_name_before_the_server(scratch, capsys, monkeypatch):
+    """A paused run whose job.json names a tenant that is not an identifier (hand-edited, or from before names were
+    checked) is refused in one line; a good one gets to the server start (the tripwire)."""
+    import yaml
+
+    run = scratch / "run"
+    run.mkdir()
+    (run / "config.resolved.yaml").write_text((REPO / "configs" / "ppo-tiny.yaml").read_text())
+    done = {"state": "PAUSED_BY_GATE(x)", "run_id": "r1", "best_step": 2, "paused_step": 4, "reason": "x",
+            "tenant": "../acme", "name": "j", "overlap": "full", "gpus": 1}
+    (run / "job.json").write_text(json.dumps(done))
+    code, lines = run_cli(["resume", str(run)], capsys, monkeypatch)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: tenant: '../acme'"), lines
+    (run / "job.json").write_text(json.dumps({**done, "tenant": "acme"}))
+    assert yaml.safe_load((run / "config.resolved.yaml").read_text())["steps"] > 0
+    monkeypatch.setattr(sys, "argv", ["rlhfops", "resume", str(run)])
+    with pytest.raises(WorkStarted):
+        cli.main()
