@@ -43,6 +43,8 @@ from eval.detectors import DEFAULT_DETECTOR, Checkpoint, Detector, make_detector
 
 #: user attribute keys of the raw checkpoints: `rlhfops.ckpt.<step, zero-padded>` -> {score, se, reward, series}
 CKPT_PREFIX = "rlhfops.ckpt."
+#: user attribute key of the number of checkpoints each series of a trial plans to report
+PLANNED_KEY = "rlhfops.planned_checkpoints"
 NAN = float("nan")
 
 
@@ -55,20 +57,24 @@ def _f(x: Any) -> float:
 
 
 def report_checkpoint(trial: optuna.Trial, step: int, score: float, *, se: float = NAN, reward: float = NAN,
-                      series: int = 0, prompts: Mapping[Any, float] | None = None) -> float:
+                      series: int = 0, prompts: Mapping[Any, float] | None = None,
+                      planned_checkpoints: int | None = None) -> float:
     """Record one checkpoint of `trial` (the held-out `score`, its standard error `se`, the proxy `reward` at that
     step; `series` numbers independent curves within one trial, e.g. seeds trained one after another) and report the
     best score so far (in the study's direction) as Optuna's intermediate value at `step`. Returns that best.
 
     `prompts`: the checkpoint's per-prompt held-out scores, {prompt id: score}, sampled with the run's fixed
     sampling seed (the gate's common random numbers); `eval.incumbent_pruner.IncumbentPruner` pairs them with the
-    incumbent trial's scores on the same prompts."""
+    incumbent trial's scores on the same prompts. `planned_checkpoints`: how many checkpoints each series of the
+    trial will report if it runs to the end (the pruner spends its error rate over them)."""
     step = int(step)
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
     attr: dict[str, Any] = {"score": _f(score), "se": _f(se), "reward": _f(reward), "series": int(series)}
     if prompts:
         attr["prompts"] = {str(k): _f(v) for k, v in prompts.items()}
+    if planned_checkpoints is not None and PLANNED_KEY not in trial.user_attrs:
+        trial.set_user_attr(PLANNED_KEY, int(planned_checkpoints))
     trial.set_user_attr(f"{CKPT_PREFIX}{step:09d}", attr)
     best = best_checkpoint_of(trial.study.direction, reported_checkpoints(trial.user_attrs), series)
     value = best[1] if best is not None else _f(score)

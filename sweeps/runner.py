@@ -355,7 +355,8 @@ class SweepRunner:
         return None
 
     # ---- one trial ----------------------------------------------------------------------------------------
-    def _observer(self, trial, seed_index: int, steps: int, out_dir: Path | None = None) -> Observer:
+    def _observer(self, trial, seed_index: int, steps: int, out_dir: Path | None = None,
+                  looks: int | None = None) -> Observer:
         from eval.optuna_pruner import report_checkpoint
         from eval.sweep_pruners import stop_reason
 
@@ -367,7 +368,7 @@ class SweepRunner:
             with self._lock:
                 report_checkpoint(trial, global_step, m.get("gold_eval", math.nan), se=m.get("gold_eval_se", math.nan),
                                   reward=m.get("reward_mean", math.nan), series=seed_index,
-                                  prompts=gate_scores(out_dir, step))
+                                  prompts=gate_scores(out_dir, step), planned_checkpoints=looks)
                 if self.prune and trial.should_prune():
                     return stop_reason(trial.study.pruner, trial.study, trial, step)
             return None
@@ -395,7 +396,8 @@ class SweepRunner:
             for i in range(spec.seeds_per_trial):
                 cfg = trial_config(spec, params, i, self.base_dir)
                 out = spec.run_dir / f"trial-{trial.number:04d}" / f"seed-{i}"
-                o = self.trial_fn(cfg, self._observer(trial, i, cfg.steps, out), out_dir=out, overlap=spec.overlap,
+                observer = self._observer(trial, i, cfg.steps, out, cfg.steps // cfg.eval_every)
+                o = self.trial_fn(cfg, observer, out_dir=out, overlap=spec.overlap,
                                   ledger=self.ledger, run_id=res.run_id or f"{spec.name}/trial-{trial.number}",
                                   tenant=spec.tenant, gpu_kind=spec.gpu_kind, gpus=spec.gpus_per_trial)
                 outcomes.append(o)

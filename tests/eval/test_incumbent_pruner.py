@@ -61,13 +61,23 @@ def binomial_ceiling(reps: int, p: float) -> float:
     return stats.binom.ppf(0.999, reps, p) / reps
 
 
-def test_a_trial_as_good_as_the_incumbent_is_pruned_at_most_alpha_of_the_time():
-    # the boundary case: the challenger's true curve equals the finished trials' at every step, and the incumbent is
-    # the best of 4 of them (its measured best is inflated by the selection). 12 looks each: a bound of 1.5 SE
-    # instead of the sequence's prunes it about a third of the time
-    reps = 300
-    rate = prune_rate(curve("rise"), reps, seed=1)
+@pytest.mark.parametrize("planned", [None, len(STEPS)])
+def test_a_trial_as_good_as_the_incumbent_is_pruned_at_most_alpha_of_the_time(planned):
+    # the boundary case: the challenger's true curve equals the incumbent's at every step; 12 looks, alpha spent over
+    # them (open-ended, or over the 12 planned). Without the spending (alpha at every look) the rate is ~2.5 alpha
+    reps = 400
+    rate = prune_rate(curve("rise"), reps, seed=1, planned=planned, finished=1)
     assert rate <= binomial_ceiling(reps, ALPHA), rate
+
+
+@pytest.mark.parametrize("planned", [None, len(STEPS)])
+def test_with_the_incumbent_chosen_as_the_best_of_four_the_rate_stays_near_alpha(planned):
+    # the incumbent is the best of 4 finished trials with the same true curve: its measured scores are inflated by the
+    # selection (winner's curse), which the per-look bounds do not know about. Measured on 1,500 runs: 1.8%
+    # (open-ended) and 2.3% (planned) at alpha 2%; the docstring states it, this bounds it by 1.5 alpha
+    reps = 300
+    rate = prune_rate(curve("rise"), reps, seed=21, planned=planned)
+    assert rate <= binomial_ceiling(reps, 1.5 * ALPHA), rate
 
 
 def test_a_trial_better_than_the_incumbent_is_almost_never_pruned():
@@ -97,14 +107,13 @@ def test_warmup_defers_every_prune():
 
 def test_upper_bound_against_a_hand_computation():
     d = np.array([1.0, 2.0, 3.0, 4.0])
-    # the normal-mixture sequence at level 0.05, tightest at n = 4: r = 4 / (-2 log 0.05 + log(1 - 2 log 0.05))
-    # = 4 / (5.9915 + 1.9447) = 0.50402; radius = sd sqrt((n + r) log((n + r) / (r a^2))) / n
-    # = 1.29099 * sqrt(4.50402 * log(4.50402 / (0.50402 * 0.0025))) / 4 = 1.29099 * sqrt(4.50402 * 8.18165) / 4
-    # = 1.95922; upper = 2.5 + 1.95922
-    assert upper_bound(d, 0.05) == pytest.approx(4.45922, abs=1e-4)
+    # mean 2.5, sd sqrt(5/3) = 1.29099, t(0.95, 3) = 2.35336 (tables): 2.5 + 2.35336 * 1.29099 / 2 = 4.01907
+    assert upper_bound(d, 0.05) == pytest.approx(4.01907, abs=1e-4)
     assert upper_bound(np.zeros(10), 0.01) == 0.0  # identical checkpoints: the bound is the (zero) difference
     assert upper_bound(np.array([1.0]), 0.05) == math.inf
     assert sum(look_level(ALPHA, k) for k in range(1, 100_000)) == pytest.approx(ALPHA, rel=1e-4)
+    assert sum(look_level(ALPHA, k, planned=12) for k in range(1, 100)) == pytest.approx(ALPHA)
+    assert upper_bound(d, 0.0) == math.inf  # no level left: never prune
 
 
 def test_identical_checkpoints_are_never_pruned():
