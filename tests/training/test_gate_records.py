@@ -23,7 +23,6 @@ from training.config import TrainConfig
 from training.gate import GATE_RECORDS, RECORD_COLUMNS, batch_seed, heldout_batches
 from training.lifecycle import gate_evidence
 from training.metrics import StepRecord
-from training.task import gold_score
 from training.trace import export_prompt_records
 from training.trainer import Trainer, gold_eval, latest_checkpoint
 
@@ -48,8 +47,21 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 
 
+def varied_gold(prompt: str, text: str, cfg) -> float:
+    """A stand-in world scorer that varies with the response (the tiny models here write unparseable bytes, which
+    the real gold scorer gives -2 each): makes the mean, SE and per-prompt checks below non-trivial."""
+    return (len(text) % 7) / 3.0 - 1.0 + (0.5 if prompt.endswith("?") else 0.0)
+
+
 @pytest.fixture(scope="module")
-def run(cache, tmp_path_factory):
+def scorer():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("training.trainer.gold_score", varied_gold)
+        yield varied_gold
+
+
+@pytest.fixture(scope="module")
+def run(cache, tmp_path_factory, scorer):
     """A 4-step run with gates at steps 2 and 4, its run directory and step records."""
     out = tmp_path_factory.mktemp("run")
     trainer = Trainer(tiny(cache), overlap="none", out_dir=out, resume=False)
@@ -72,6 +84,7 @@ def test_records_file_matches_the_gate_means(run):
         mine = [r for r in rows if int(r["step"]) == rec.step]
         assert sorted(int(r["prompt_id"]) for r in mine) == list(range(8))
         golds = np.array([float(r["gold_score"]) for r in mine])
+        assert golds.std() > 0  # a varied score: the recomputation below is not of a constant
         # independent recomputation of the gate's reported mean and SE from the file
         assert golds.mean() == pytest.approx(rec.gold_eval, abs=1e-5)
         assert golds.std(ddof=1) / math.sqrt(len(golds)) == pytest.approx(rec.gold_eval_se, abs=1e-5)
@@ -95,8 +108,8 @@ def test_same_checkpoint_twice_identical_and_checkpoints_share_seeds(run):
     assert [r["proxy_score"] for r in rows if r["step"] == "2"] != [r["proxy_score"] for r in rows if r["step"] == "4"]
 
 
-def test_gold_of_the_sampled_text_is_the_record(cache):
-    """The gold column is gold_score of the response sampled with the gate's seed (recomputed from the text)."""
+def test_gold_of_the_sampled_text_is_the_record(cache, scorer):
+    """The gold column is the world score of the response sampled with the gate's seed (recomputed from the text)."""
     from training.trainer import generate
 
     cfg = tiny(cache)
@@ -105,7 +118,8 @@ def test_gold_of_the_sampled_text_is_the_record(cache):
     prompts = trainer.prompts.heldout[:8]
     responses = generate(trainer.actor, trainer.tok, prompts, cfg.ppo.max_new_tokens, cfg.ppo.temperature,
                          seed=batch_seed(cfg.seed, 0))
-    expect = [gold_score(p, trainer.tok.decode(r), cfg.task) for p, r in zip(prompts, responses, strict=True)]
+    expect = [scorer(p, trainer.tok.decode(r), cfg.task) for p, r in zip(prompts, responses, strict=True)]
+    assert len(set(expect)) > 1
     assert [r.gold_score for r in ev.records] == pytest.approx(expect)
     assert [r.response_len for r in ev.records] == [len(r) for r in responses]
 
