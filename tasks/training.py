@@ -21,7 +21,6 @@ from prefect.cache_policies import NO_CACHE
 # the trainer (torch, transformers) is imported with this module, not inside the first task that needs it: a flow
 # module loads before its flow run starts (`rlhfops nightly` loads it while the temporary Prefect server starts),
 # so the 3-5 s import is paid at start-up instead of stalling the nightly's job stage
-from eval.states import RunState
 from infra import tracking as T
 from tasks.retry import RETRIES, backoff, maybe_fail, retry_transient
 from tasks.timing import clock
@@ -148,7 +147,8 @@ def register_checkpoint(run_id: str, model_name: str, best: dict[str, Any], tena
     """Write the best checkpoint to the job's MLflow run (`best_checkpoint/`) and register it as a model
     version tagged with its eval score (at full precision) and the run's final state; the `best` alias moves to
     it only when the run ended well (`run_state` SUCCEEDED, or PAUSED_BY_GATE: paused by the gate with its best
-    checkpoint kept) and it scores strictly higher than the current holder (`moves_best`).
+    checkpoint kept) and it beats the current holder by the paired test on the same prompts (`infra.promotion`:
+    the checkpoint's gate records are its evidence; the decision and the evidence become version tags).
     Idempotent: a version already registered for this run is returned, not made again."""
     from mlflow.exceptions import MlflowException
 
@@ -173,48 +173,12 @@ def register_checkpoint(run_id: str, model_name: str, best: dict[str, Any], tena
             mv = c.create_model_version(model_name, source, run_id=run_id, tags=tags,
                                         description=f"{job}: step {best['step']}, held-out score "
                                                     f"{best['eval_score']:.4f} ± {best['eval_se']:.4f}")
-        moved = False
-        try:
-            holder = c.get_model_version_by_alias(model_name, "best")
-        except MlflowException:
-            holder = None
-        if moves_best(run_state, float(best["eval_score"]), holder_score(c, holder)):
-            c.set_registered_model_alias(model_name, "best", mv.version)
-            moved = True
-    return {"model": model_name, "version": int(mv.version), "alias_best": moved, "source": mv.source}
+        from infra.promotion import checkpoint_evidence, promote
 
-
-#: run states whose checkpoints may hold the registry's `best` alias (`RunStatus.label`): a run that ended well, and
-#: a live run the eval gate paused with its best checkpoint kept (PAUSED_BY_GATE; outside the live paths such a run
-#: ends SUCCEEDED)
-BEST_ELIGIBLE_STATES = (RunState.SUCCEEDED.value, RunState.PAUSED_BY_GATE.value)
-
-
-def moves_best(run_state: str, score: float, holder: float | None) -> bool:
-    """Whether a version from a run that ended in `run_state` with held-out `score` takes the `best` alias from a
-    holder scoring `holder` (None: no holder). Only runs that ended well, only a strictly higher finite score: a
-    tie keeps the alias where it is (a rerun scoring the same is no better)."""
-    if run_state.split("(")[0] not in BEST_ELIGIBLE_STATES or not math.isfinite(score):
-        return False
-    return holder is None or score > holder
-
-
-def holder_score(c, holder) -> float | None:
-    """The `best` holder's held-out score at full precision: the score its run logged as the `best_eval` metric
-    (a float64), else its `eval_score` tag (6 decimals on versions registered before the tag kept full
-    precision). None when there is no holder; -inf when its score cannot be read (any scored version beats it)."""
-    if holder is None:
-        return None
-    try:
-        metric = c.get_run(holder.run_id).data.metrics.get("best_eval") if holder.run_id else None
-    except Exception:  # noqa: BLE001 - the holder's run was deleted: fall back to the tag
-        metric = None
-    if metric is not None and math.isfinite(metric):
-        return float(metric)
-    try:
-        return float(holder.tags.get("eval_score", "-inf"))
-    except ValueError:
-        return -math.inf
+        decision = promote(c, model_name, mv, checkpoint_evidence(best["checkpoint"], best["step"]),
+                           run_state=run_state)
+    return {"model": model_name, "version": int(mv.version), "alias_best": decision.promote,
+            "promotion": decision.reason, "source": mv.source}
 
 
 def replay_history(out_dir: str | Path, upto_step: int, supervisor, run_id: str | None = None) -> list[dict[str, Any]]:
