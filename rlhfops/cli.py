@@ -59,7 +59,7 @@ app = typer.Typer(
 # Modules under rlhfops/commands that define `register(app)`. Order is the order in --help.
 COMMAND_MODULES: list[str] = [
     "simulate", "detect", "health", "bench", "train", "canary", "nightly", "report", "traces", "platform",
-    "resume", "sweep", "stack",
+    "resume", "sweep", "promote", "stack",
 ]
 
 
@@ -102,6 +102,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
                "continues from ..."),
     "sweep": ("sweep", "Run a sweep: Optuna samples the settings, each trial is a PPO job on the sweep's GPU slots, "
               "the platform's ..."),
+    "promote": ("promote", "Promote a registered version to a model's best alias only if it beats the current best "
+                "by the paired test on the same held-out prompts and gate ..."),
     "stack": ("stack", "A local PostgreSQL-backed stack: Prefect server, MLflow server, Optuna storage."),
 }
 
