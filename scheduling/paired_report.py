@@ -229,6 +229,16 @@ def write_section(doc: Path, text: str) -> None:
     doc.write_text(new)
 
 
+def keep_section(doc: Path, text: str) -> str:
+    """`text` (a new whole-file rendering of `doc`, e.g. by `rlhfops compare-detectors`) with the paired-corpus
+    section `doc` holds now carried over at its end, so rewriting the file does not drop it."""
+    old = doc.read_text() if doc.exists() else ""
+    if BEGIN not in old or END not in old or BEGIN in text:
+        return text
+    section = BEGIN + old.split(BEGIN, 1)[1].split(END, 1)[0] + END + "\n"
+    return text.rstrip("\n") + "\n\n" + section
+
+
 def run_report(corpus: Path, parts: list[str], budget_frac: float = 0.25) -> tuple[dict, dict]:
     from eval.detectors import DEFAULT_DETECTOR, make_detector
 
@@ -238,6 +248,7 @@ def run_report(corpus: Path, parts: list[str], budget_frac: float = 0.25) -> tup
     for part in parts:
         data = load_part(corpus / part)
         results[part] = {"paired": summarize(verdict_rows(data, paired, budget_frac)),
+                         "paired, no extension": summarize(verdict_rows(data, paired, 0.0)),
                          DEFAULT_DETECTOR: summarize(verdict_rows(data, means, None))}
     return results, {"paired": paired.params(), DEFAULT_DETECTOR: means.params()}
 
@@ -274,9 +285,10 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --budget: a fraction of the gate's prompt evaluations in 0..10", file=sys.stderr)
         return 2
     results, params = run_report(args.corpus, parts, args.budget)
-    note = "\n".join(f"Acceptance on `{part}`: " + acceptance(r["paired"], next(v for k, v in r.items()
-                                                                              if k != "paired"), args.budget)
-                     for part, r in results.items())
+    from eval.detectors import DEFAULT_DETECTOR
+
+    note = "\n\n".join(f"Acceptance on `{part}` (the issue's bars): "
+                       + acceptance(r["paired"], r[DEFAULT_DETECTOR], args.budget) for part, r in results.items())
     text = render(results, params, args.budget, note)
     print(text)
     if args.out:

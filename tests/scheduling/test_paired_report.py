@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from eval.paired import PairedStop
-from scheduling.paired_report import load_part, render, summarize, verdict_rows, write_section
+from scheduling.paired_report import keep_section, load_part, render, summarize, verdict_rows, write_section
 
 STEPS = [0, 5, 10, 15, 20, 25, 30, 35, 40, 45]
 PROMPTS = 128
@@ -94,3 +94,5 @@ def test_summary_bounds_and_section(part, tmp_path):
     write_section(doc, text)  # replaced, not appended twice
     body = doc.read_text()
     assert body.count("paired-corpus:begin") == 1 and "keep me" in body and not math.isnan(q["quality_kept"])
+    rewritten = keep_section(doc, "# a new rendering\n")  # another command rewrites the whole file
+    assert rewritten.startswith("# a new rendering") and text.strip() in rewritten and "keep me" not in rewritten
