@@ -73,11 +73,16 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
         run_id, _ = T.open_run(f"{rc.flow_run_id}/{job}", job, rc.mlflow_experiment, rc.parent_run_id,
                                tags={T.KIND_TAG: "platform_job", T.TENANT_TAG: tenant})
     jspec, sup = build(request, checked, run_id=run_id, ledger=rc.ledger, resume=paused)
+    if hasattr(observe, "attach"):  # the round reads this supervisor's verdicts; its detector is the job's gate
+        observe.attach(sup)
     started = time.time()
     outcome = run_job(jspec, observe, hooks=PrefectJobHooks(run_id, rc.slots, rc.retry_delay_s), supervisor=sup)
     status, best = outcome.status, outcome.best
+    verdict = observe.verdict() if hasattr(observe, "verdict") else {}
+    gate = getattr(sup.gate_detector, "name", None)
     (out / JOB_DONE).write_text(json.dumps({**job_record(outcome), "tenant": tenant, "name": request.name,
-                                            "detector": None, "overlap": request.overlap, "gpus": request.gpus}))
+                                            "detector": gate, "evidence": verdict.get("evidence"),
+                                            "overlap": request.overlap, "gpus": request.gpus}, default=float))
     totals = rc.ledger.run_totals().get(run_id)
     metrics = {"cost_usd": float(totals.cost) if totals else 0.0,
                "gpu_hours": totals.gpu_seconds / 3600 if totals else 0.0, "steps": len(outcome.records),
@@ -91,10 +96,15 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
                             "alerts": json.dumps([e.alert for e in sup.events]),
                             "failure_class": status.failure.value if status.failure else "",
                             "best_checkpoint": best["checkpoint"] if best else "",
-                            "state_history": json.dumps(sup.machine.labels())[:5000]})
+                            "state_history": json.dumps(sup.machine.labels())[:5000],
+                            "pause_evidence": json.dumps(verdict.get("evidence"), default=float)[:5000]
+                            if verdict.get("evidence") else ""})
         T.finish(run_id, "FAILED" if status.failure else "FINISHED")
-    stopped_at = outcome.records[-1]["step"] if outcome.decision == "stopped" and outcome.records else None
-    return {"tenant": tenant, "job": request.name, "gpus": request.gpus, "decision": outcome.decision,
+    # a job its gate paused (the supervisor's verdict) was stopped at that checkpoint, resumable
+    decision = "stopped" if outcome.decision in ("stopped", "paused") else outcome.decision
+    stopped_at = outcome.records[-1]["step"] if decision == "stopped" and outcome.records else None
+    return {"tenant": tenant, "job": request.name, "gpus": request.gpus, "decision": decision,
+            "pause_evidence": json.dumps(verdict.get("evidence"), default=float) if verdict.get("evidence") else "",
             "state": status.label, "alerts": ",".join(e.alert for e in sup.events),
             "resumed_from_step": paused.best_step if paused is not None else None,
             "stopped_at": float(stopped_at) if stopped_at is not None else None,

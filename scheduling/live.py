@@ -10,6 +10,13 @@ slots, and whether a running job stops at a checkpoint. The same policy objects 
             submit(i, observe=live.observer(i, total_steps=...))
         live.finished(wait_for_any_job())     # its slots go back to the pool
 
+One supervisor, one detector: a policy wrapped by an early-stop detector (`NoisePatience+SRTF`, `Paired+SRTF`) places
+jobs by its base policy, and its detector is not run here: each job's `eval.supervisor.RunSupervisor` runs it as
+its eval gate (`supervise(i, supervisor)` installs it when the job's request named none), on the same evidence the
+gate sees (the means, and the per-prompt scores a paired detector needs), and pauses the job there. The round reads
+the supervisor's verdict (`verdict(i)`: state, reason, step and the evidence that paused it) instead of a second
+copy of the detector deciding on a view of the means.
+
 A round whose jobs arrive while it runs (a sweep asking Optuna for trials ahead of free slots) starts empty and
 queues each job as it comes: `i = live.submit(view, gpus)`, then the same `to_start()` / `finished(i)` loop.
 
@@ -18,8 +25,9 @@ Jobs are not preempted: a running job keeps its slots until it completes or is s
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from scheduling.jobview import JobView
@@ -39,7 +47,9 @@ class LiveRound:
         self.free = slots
         #: job indices in the order they started
         self.order: list[int] = []
-        # the policy's detector monitors are shared by every job thread
+        #: job index -> its `eval.supervisor.RunSupervisor` (`supervise`), whose verdicts the round reads
+        self.supervisors: dict[int, Any] = {}
+        # the views and the supervisors are shared by every job thread
         self.lock = threading.Lock()
 
     @staticmethod
@@ -81,9 +91,24 @@ class LiveRound:
         self.running.remove(i)
         self.free += self.gpus[i]
 
+    @property
+    def gate_detector(self) -> Any:
+        """The detector the round's jobs are gated by (the scheduler's early-stop part; None for a bare base policy)."""
+        return getattr(self.policy, "detector", None)
+
+    def supervise(self, i: int, supervisor: Any) -> None:
+        """Job `i` runs under `supervisor`: the round reads its verdicts, and when the job's request named no gate
+        detector the supervisor gets the round's (`gate_detector`, a fresh monitor): the one detector that decides."""
+        det = self.gate_detector
+        if det is not None and getattr(supervisor, "gate_detector", None) is None:
+            supervisor.gate_detector, supervisor.gate_monitor = det, det.start()
+        with self.lock:
+            self.supervisors[i] = supervisor
+
     def on_checkpoint(self, i: int, step: int, metrics: Mapping[str, float], total_steps: int) -> str | None:
-        """Job `i` reached a checkpoint: its view takes the step's eval score, SE, proxy reward and policy loss, and
-        the policy decides; a stop comes back as the reason a tenant reads."""
+        """Job `i` reached a checkpoint (its supervisor has seen it and did not pause the job): its view takes the
+        step's eval score, SE, proxy reward and policy loss, which the base policy ranks the queue by. The stop
+        decision is the supervisor's, so nothing comes back here (None: go on)."""
         with self.lock:
             view = self.views[i]
             view.attained = float(step)
@@ -93,12 +118,59 @@ class LiveRound:
             view.reward_history.append(float(metrics["reward_mean"]))
             view.progress_history.append(view.progress)
             view.eval_se = float(metrics["gold_eval_se"])
-            stop = bool(self.policy.on_checkpoint(view))
-        if not stop:
-            return None
-        return (f"the platform scheduler ({getattr(self.policy, 'name', 'early stop')}) stopped the job at step "
-                f"{step}: its held-out score is declining")
+        return None
 
-    def observer(self, i: int, total_steps: int) -> Callable[[int, Mapping[str, float]], str | None]:
-        """Job `i`'s per-checkpoint observer for `training.lifecycle.run_job`."""
-        return lambda step, metrics: self.on_checkpoint(i, step, metrics, total_steps)
+    def observer(self, i: int, total_steps: int) -> JobObserver:
+        """Job `i`'s per-checkpoint observer for `training.lifecycle.run_job` (call its `attach(supervisor)` once
+        the job's supervisor is built)."""
+        return JobObserver(self, i, total_steps)
+
+    def verdict(self, i: int) -> dict[str, Any]:
+        """What job `i`'s supervisor decided: its state label, the reason and step of a pause, and the evidence
+        that paused it (`evidence_of` its gate monitor). Empty before `supervise(i, ...)`."""
+        sup = self.supervisors.get(i)
+        if sup is None:
+            return {}
+        status = sup.machine.status
+        out: dict[str, Any] = {"state": status.label, "step": status.step, "reason": status.reason}
+        if status.state.value == "PAUSED_BY_GATE":
+            out["evidence"] = evidence_of(getattr(sup, "gate_detector", None), getattr(sup, "gate_monitor", None))
+        return out
+
+
+class JobObserver:
+    """A job's observer: `(step, metrics) -> None` fills the job's view at each checkpoint; `attach(supervisor)`
+    hands the round the job's supervisor (and, where needed, the round's gate detector)."""
+
+    def __init__(self, live: LiveRound, i: int, total_steps: int):
+        self.live, self.i, self.total_steps = live, i, total_steps
+
+    def __call__(self, step: int, metrics: Mapping[str, float]) -> str | None:
+        return self.live.on_checkpoint(self.i, step, metrics, self.total_steps)
+
+    def attach(self, supervisor: Any) -> None:
+        self.live.supervise(self.i, supervisor)
+
+    def verdict(self) -> dict[str, Any]:
+        return self.live.verdict(self.i)
+
+
+def evidence_of(detector: Any, monitor: Any) -> dict[str, Any]:
+    """The evidence a gate monitor stopped on, as a job's record keeps it: for the paired rule the comparison(s)
+    whose confidence sequence lay below -margin (reference step, current step, prompts paired, mean difference, its
+    bounds, the level) and the checkpoint it keeps; for a detector on means, its name and parameters."""
+    out: dict[str, Any] = {"detector": getattr(detector, "name", None)}
+    params = getattr(detector, "params", None)
+    if callable(params):
+        out["params"] = params()
+    comparisons = getattr(monitor, "comparisons", None)
+    if comparisons:
+        margin = float(getattr(detector, "margin", 0.0))
+        fired = [c for c in comparisons if c.upper < -margin] or list(comparisons)
+        out["comparisons"] = [{"reference_step": c.reference_step, "step": c.step, "prompts": c.n,
+                               "mean_diff": c.mean, "lower": c.lower, "upper": c.upper, "alpha": c.alpha}
+                              for c in fired]
+        kept = getattr(monitor, "kept_step", math.nan)
+        if kept == kept:
+            out["kept_step"] = kept
+    return out

@@ -42,7 +42,7 @@ def test_jobs_start_by_priority_while_the_slots_last_and_a_big_job_does_not_bloc
     assert live.done and live.order == [3, 2, 0, 1] and live.free == 2
 
 
-def test_a_checkpoint_fills_the_view_and_a_stop_comes_back_as_a_reason():
+def test_a_checkpoint_fills_the_view_and_the_round_itself_never_stops_a_job():
     live = _round(est=[8], gpus=[1], slots=1)
     live.to_start()
     observe = live.observer(0, total_steps=8)
@@ -50,9 +50,63 @@ def test_a_checkpoint_fills_the_view_and_a_stop_comes_back_as_a_reason():
     assert observe(2, m) is None
     v = live.views[0]
     assert (v.attained, v.progress, v.eval_history, v.eval_se) == (2.0, 0.25, [0.5], 0.02)
-    reason = observe(4, {**m, "gold_eval": 0.4})
-    assert reason is not None and "step 4" in reason and "stub" in reason
+    # the stub policy's own stop rule says stop here; the round leaves stopping to the job's supervisor
+    assert observe(4, {**m, "gold_eval": 0.4}) is None
     assert v.progress_history == [0.25, 0.5] and v.loss_history == [-0.3, -0.3] and not math.isnan(v.eval_se)
+
+
+def _record(step: int, gold: float):
+    from training.metrics import StepRecord
+
+    return StepRecord(step=step, policy_version=step, reward_mean=0.1 * step, gold_eval=gold, gold_eval_se=0.01,
+                      kl=0.01, entropy=1.0, grad_norm=1.0, loss_policy=-0.1, response_len_mean=10.0,
+                      truncation_rate=0.0, unparseable_rate=0.0)
+
+
+def test_the_job_supervisor_runs_the_rounds_detector_and_the_round_reads_its_verdict():
+    from eval.health import Catalog
+    from eval.supervisor import RunSupervisor
+    from scheduling.live import LiveRound
+    from scheduling.policies import parse_scheduler
+
+    live = LiveRound(parse_scheduler("EvalStop(k=2)+FIFO"), [JobView(0, "rlhf", 0, 1, 0.0, 8.0)], [1], 1)
+    live.to_start()
+    sup = RunSupervisor("r", "acme", Catalog({}).start(tenant="acme"))
+    observe = live.observer(0, total_steps=8)
+    observe.attach(sup)
+    assert sup.gate_detector is live.gate_detector and sup.gate_detector.name == "evalstop"
+    sup.begin()
+    # EvalStop k=2: the second consecutive decline (0.5 -> 0.4 -> 0.3, at step 6) pauses the job, in its supervisor
+    for step, gold in ((2, 0.5), (4, 0.4), (6, 0.3)):
+        sup.observe(_record(step, gold))
+        if sup.machine.state.value == "PAUSED_BY_GATE":
+            break
+        assert observe(step, _record(step, gold).flat()) is None
+    verdict = observe.verdict()
+    assert verdict["state"].startswith("PAUSED_BY_GATE") and verdict["step"] == 6
+    assert verdict["evidence"]["detector"] == "evalstop" and verdict["evidence"]["params"]["k"] == 2
+    # a job whose request named its own gate keeps it
+    own = RunSupervisor("s", "acme", Catalog({}).start(tenant="acme"), gate_detector=live.gate_detector.__class__())
+    live.supervise(0, own)
+    assert own.gate_detector is not live.gate_detector
+
+
+def test_the_paired_evidence_names_the_comparison_that_stopped_the_job():
+    from eval.paired import PairedStop
+    from scheduling.live import evidence_of
+
+    det = PairedStop(alpha=0.02, margin=0.0, min_prompts=10)
+    monitor = det.start()
+    prompts = [str(i) for i in range(40)]
+    base = {p: 0.1 * (i % 7) for i, p in enumerate(prompts)}
+    assert not monitor.observe_scores(2, base)
+    assert monitor.observe_scores(4, {p: v - 1.0 + 0.01 * (i % 3) for i, (p, v) in enumerate(base.items())})
+    ev = evidence_of(det, monitor)
+    (c,) = ev["comparisons"]
+    diffs = [0.01 * (i % 3) - 1.0 for i in range(40)]
+    assert (c["reference_step"], c["step"], c["prompts"]) == (2.0, 4.0, 40)
+    assert c["mean_diff"] == pytest.approx(sum(diffs) / 40) and c["upper"] < 0 and ev["kept_step"] == 2.0
+    assert ev["detector"] == "paired" and ev["params"]["alpha"] == 0.02
 
 
 def test_a_job_bigger_than_the_pool_is_refused_naming_it():
