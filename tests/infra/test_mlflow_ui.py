@@ -30,7 +30,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 
 pytestmark = [
     pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no chromium installed (apt-get install chromium)"),
-    pytest.mark.timeout(240),
+    pytest.mark.timeout(420),  # a store, a server and a browser to start: about 15 s idle, minutes on a loaded machine
 ]
 
 
@@ -40,7 +40,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_up(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+def _wait_up(url: str, proc: subprocess.Popen, timeout_s: float = 240.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -57,7 +57,7 @@ def _wait_up(url: str, proc: subprocess.Popen, timeout_s: float = 120.0) -> None
 @pytest.fixture(scope="module")
 def mlflow_ui(tmp_path_factory):
     """A store with one run in the `rlhfops` experiment (through infra/tracking.py), and `mlflow server` serving it
-    on a free loopback port. Yields (base URL, the store's URI)."""
+    on a free loopback port. Yields (base URL, the store's URI, the run's id)."""
     pytest.importorskip("playwright.sync_api", reason="playwright not installed (extra `dev`)")
     root = tmp_path_factory.mktemp("mlflow-ui")
     uri = f"sqlite:///{root / 'mlflow.db'}"
@@ -78,7 +78,7 @@ def mlflow_ui(tmp_path_factory):
     try:
         base = f"http://127.0.0.1:{port}"
         _wait_up(f"{base}/health", proc)
-        yield base, uri
+        yield base, uri, run_id
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -103,13 +103,13 @@ def page():
 def test_experiment_kind_is_set_where_the_experiment_is_created(mlflow_ui):
     import mlflow
 
-    _base, uri = mlflow_ui
+    _base, uri, _run_id = mlflow_ui
     exp = mlflow.MlflowClient(uri).get_experiment_by_name("rlhfops")
     assert exp.tags.get("mlflow.experimentKind") == "custom_model_development"
 
 
 def test_ui_url_opens_the_rlhfops_experiment_on_its_runs_table(mlflow_ui, page, monkeypatch):
-    base, uri = mlflow_ui
+    base, uri, _run_id = mlflow_ui
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     url = T.ui_url(base)
     exp_id = T.experiment_id()
@@ -120,3 +120,13 @@ def test_ui_url_opens_the_rlhfops_experiment_on_its_runs_table(mlflow_ui, page, 
     page.get_by_role("heading", name="Runs", exact=True).wait_for(state="visible", timeout=10_000)
     if os.environ.get("RLHFOPS_UI_SCREENSHOT"):
         page.screenshot(path=os.environ["RLHFOPS_UI_SCREENSHOT"])
+
+
+def test_ui_url_of_a_run_opens_that_run(mlflow_ui, page, monkeypatch):
+    base, uri, run_id = mlflow_ui
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    page.goto(T.ui_url(base, run_id=run_id), wait_until="domcontentloaded")
+    # the run page: its name as the title and its logged metric
+    page.get_by_role("heading", name="ui-check-ppo-run").first.wait_for(state="visible", timeout=60_000)
+    page.get_by_text("reward").first.wait_for(state="visible", timeout=10_000)
+    assert f"/runs/{run_id}" in page.url
