@@ -173,3 +173,15 @@ def test_simulated_jobs_edge_cases_by_hand():
     assert tenants["north"].gpu_us_by_phase == {**dict.fromkeys(PHASES, 0), "eval": 120 * MICRO}
     assert [tenants[t].steps for t in ("north", "south", "tenant2")] == [1, 4, 1]
     assert tenants["tenant2"].cost == F(600, 3600) * PRICE["l4"]
+
+
+def test_a_step_record_without_phase_times_charges_its_tokens_and_step_only():
+    """`charge_step` is duck-typed: a record with no `phase_seconds` (a scripted or replayed step) books no GPU time,
+    its tokens and one committed step to optim."""
+    from types import SimpleNamespace
+
+    ledger = Ledger(PRICES)
+    ledger.charge_step("r", "acme", "h100", SimpleNamespace(tokens_generated=7, tokens_trained=5), n_gpus=4)
+    ledger.charge_step("r", "acme", "h100", SimpleNamespace(tokens_generated=1, tokens_trained=1, phase_seconds=None))
+    t = ledger.run_totals()["r"]
+    assert (t.gpu_us, t.tokens_generated, t.tokens_trained, t.steps, t.cost) == (0, 8, 6, 2, 0)
