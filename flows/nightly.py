@@ -17,50 +17,21 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from common.errors import BadInput
 from flows import progress
-from flows.evaluate import evaluate_checkpoint_internal
+from flows.evaluate import evaluate_checkpoint
+from flows.nightly_check import NIGHTLY_SWEEP_SPEC, NightlyPlan, check_nightly, nightly_job_config  # noqa: F401
 from flows.params import CanaryName, ExperimentName, RunnerKind
 from flows.platform_round import platform_round
-from flows.rlhf_job import rlhf_job_internal
-from flows.simulate import (
-    experiment_params,
-    gather_units,
-    plan_experiment,
-    record_experiment,
-    run_units_as_tasks,
-    submit_units,
-)
+from flows.rlhf_job import rlhf_job
+from flows.simulate import experiment_params, gather_units, run_units_as_tasks, submit_units, track_experiment
 from infra import tracking as T
-from infra.provision import check_runner, compute_pool, no_heartbeats, task_runner
+from infra.ledger import tenant_costs
+from infra.provision import compute_pool, no_heartbeats, task_runner
 from infra.reporting import nightly_report, report_markdown
-from scheduling.experiments import EXPERIMENTS
+from scheduling.request import ExperimentRequest, plan_experiment, run_experiment
 from tasks.timing import StageTimes, clock
 from tasks.tracking import parent_run
-
-QUICK_SEEDS = [42, 123]
-#: the nightly's RLHF job: the canaries' small healthy PPO job (training/canaries.py), with a
-#: checkpoint at every eval gate so the best gated checkpoint is the one kept
-NIGHTLY_JOB_STEPS = {True: 24, False: 60}
-
-
-def validate_nightly(workers: int | None, seeds: list[int], out: Path, cache_dir: str) -> None:
-    """The parameters the stages share, checked before the first stage (BadInput naming the parameter)."""
-    from common.validate import check_out_dir, check_seed, check_workers
-
-    check_workers(workers)
-    for seed in seeds:
-        check_seed(seed, "seeds")
-    check_out_dir(out, "out_dir")
-    check_out_dir(cache_dir, "cache_dir")
-
-
-def nightly_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
-    from training.canaries import base_config
-
-    raw = base_config(steps, 0, cache_dir)
-    raw.update(name="nightly-ppo", eval_every=4, checkpoint_every=4)
-    return raw
+from training.request import JobInternals, parse_internals
 
 
 @task(name="canary", task_run_name="canary {name}", cache_policy=NO_CACHE)
@@ -107,7 +78,7 @@ class NightlyResult:
     matrix: pd.DataFrame | None = None
     #: the detector comparison (mean over seeds)
     detectors: pd.DataFrame | None = None
-    #: the RLHF job's summary (`rlhf_job_internal`'s return), or the error it failed with
+    #: the RLHF job's summary (`rlhf_job`'s return), or the error it failed with
     job: Any = None
     #: the registered checkpoint re-scored from the registry
     evaluation: dict[str, Any] | None = None
@@ -115,7 +86,7 @@ class NightlyResult:
     canaries: pd.DataFrame | None = None
     #: the platform round's return (`platform_round`)
     platform: dict[str, Any] | None = None
-    #: the sweep's summary (`flows.sweep.sweep_internal`'s return)
+    #: the sweep's summary (`flows.sweep.sweep`'s return)
     sweep: dict[str, Any] | None = None
     #: tonight vs the last nightly, with where the time went
     report: str = ""
@@ -136,26 +107,29 @@ class Chaos:
 
 def stage_matrix(exps: list[str], seeds: list[int], out: Path, res: NightlyResult, chaos: Chaos, units_runner,
                  mlflow_experiment: str) -> pd.DataFrame:
-    """1. The scheduling matrix: every experiment's units (variant x seed) go to the compute pool at once, as tasks on
-    one task runner (threads, or Ray workers with runner="ray"); each experiment is aggregated, plotted and tracked
-    (its MLflow run under the nightly's, a child run per variant) as soon as its own units are done, while the later
-    experiments' units keep the pool busy. (The experiments used to be subflows, two at a time: every experiment
-    then ended in a stretch where neither subflow had work, and creating a flow run while ~100 task runs reported
-    their states made the temporary server's SQLite refuse the write: 2-13 s of orchestration per matrix here.)"""
-    plans = [plan_experiment(e, seeds) for e in exps]
-    progress.reporter.stage("simulation matrix: variant x seed", total=sum(len(units) for _, units in plans))
-    submitted = [(cfg, units, submit_units(units, chaos.fail_rate, chaos.fault_seed, chaos.retry_delay_s,
-                                           units_runner)) for cfg, units in plans]
+    """1. The scheduling matrix: one `ExperimentRequest` per experiment (outputs in OUT/scheduling/<EXP>/, the same
+    files as `rlhfops simulate`). Every experiment's units (variant x seed) go to the compute pool at once, as tasks
+    on one task runner (threads, or Ray workers with runner="ray"); each experiment is written and tracked (its
+    MLflow run under the nightly's, a child run per variant) as soon as its own units are done, while the later
+    experiments' units keep the pool busy. (As subflows, two at a time, every experiment ended in a stretch where
+    neither had work, and creating a flow run while ~100 task runs reported their states made the temporary
+    server's SQLite refuse the write: 2-13 s of orchestration per matrix.)"""
+    plans = [plan_experiment(ExperimentRequest(experiment=e, seeds=seeds, out_dir=str(out / "scheduling" / e)))
+             for e in exps]
+    progress.reporter.stage("simulation matrix: variant x seed", total=sum(len(p.units) for p in plans))
+    submitted = [(plan, submit_units(plan.units, chaos.fail_rate, chaos.fault_seed, chaos.retry_delay_s,
+                                     units_runner)) for plan in plans]
     summaries = []
-    for cfg, units, futures in submitted:  # in submission order: the first experiments finish first
-        per_seed, job_rows = gather_units(futures)
+    for plan, futures in submitted:  # in submission order: the first experiments finish first
+        cfg = plan.config
         with parent_run("scheduling_experiment", f"simulate {cfg.name}", mlflow_experiment, res.run_id,
                         key=f"{res.flow_run_id}/experiment/{cfg.name}", tenant="simulation",
-                        params=experiment_params(cfg, units, chaos.fail_rate), fail_rate=chaos.fail_rate,
+                        params=experiment_params(plan, chaos.fail_rate), fail_rate=chaos.fail_rate,
                         fault_seed=chaos.fault_seed, retry_delay_s=chaos.retry_delay_s) as exp_run:
-            r = record_experiment(cfg, units, per_seed, job_rows, out / "scheduling" / cfg.name, exp_run,
-                                  mlflow_experiment=mlflow_experiment, fail_rate=chaos.fail_rate,
-                                  fault_seed=chaos.fault_seed, retry_delay_s=chaos.retry_delay_s)
+            result = run_experiment(plan, tenant_costs=tenant_costs, run=lambda _p, f=futures: gather_units(f),
+                                    write_context=lambda: clock.span("work"))
+            r = track_experiment(result, exp_run, mlflow_experiment=mlflow_experiment, fail_rate=chaos.fail_rate,
+                                 fault_seed=chaos.fault_seed, retry_delay_s=chaos.retry_delay_s)
         summaries.append(r["summary"])
     matrix = pd.concat(summaries, ignore_index=True)
     matrix.to_csv(out / "scheduling" / "summary.csv", index=False)
@@ -182,22 +156,22 @@ def stage_detectors(seeds: list[int], out: Path, res: NightlyResult, chaos: Chao
     return table
 
 
-def stage_job(steps: int, job_overrides: dict[str, Any] | None, cache_dir: str, out: Path, res: NightlyResult,
-              chaos: Chaos, mlflow_experiment: str) -> tuple[Any, dict[str, Any] | None]:
-    """3. A real RLHF job, its best checkpoint registered, then the gate re-run on the registry entry. Returns the
-    job's summary (or its error) and the re-evaluation (None without a registered checkpoint)."""
-    state = rlhf_job_internal(config=nightly_job_config(steps, cache_dir), overrides=job_overrides,
-                              tenant="acme", name="nightly-ppo", overlap="full",
-                              out_dir=str(out / "rlhf-job"), fail_rate=chaos.fail_rate, fault_seed=chaos.fault_seed,
-                              retry_delay_s=chaos.retry_delay_s, mlflow_experiment=mlflow_experiment,
-                              parent_run_id=res.run_id, return_state=True)
+def stage_job(request, out: Path, res: NightlyResult, chaos: Chaos,
+              mlflow_experiment: str) -> tuple[Any, dict[str, Any] | None]:
+    """3. A real RLHF job (`request`: `flows.nightly_check.nightly_job_request`), its best checkpoint registered,
+    then the gate re-run on the registry entry. Returns the job's summary (or its error) and the re-evaluation (None
+    without a registered checkpoint)."""
+    state = rlhf_job(request, JobInternals(fail_rate=chaos.fail_rate, fault_seed=chaos.fault_seed,
+                                           retry_delay_s=chaos.retry_delay_s, parent_run_id=res.run_id),
+                     return_state=True)
     summary = state.result(raise_on_failure=False)
     evaluation = None
     if isinstance(summary, dict) and summary.get("registry"):
         reg = summary["registry"]
-        evaluation = evaluate_checkpoint_internal(
-            checkpoint=f"models:/{reg['model']}/{reg['version']}", tenant="acme",
-            retry_delay_s=chaos.retry_delay_s, mlflow_experiment=mlflow_experiment, parent_run_id=res.run_id)
+        progress.reporter.stage("checkpoint evaluation", total=None)
+        evaluation = evaluate_checkpoint(
+            checkpoint=f"models:/{reg['model']}/{reg['version']}", tenant="acme", mlflow_experiment=mlflow_experiment,
+            internals={"retry_delay_s": chaos.retry_delay_s, "parent_run_id": res.run_id})
     return summary, evaluation
 
 
@@ -225,11 +199,6 @@ def stage_canaries(names: list[str], steps: int, fault_at: int, cache_dir: str, 
     return canary_df
 
 
-#: the sweep stage's spec, and its trials in a quick nightly (the spec's own count otherwise)
-NIGHTLY_SWEEP_SPEC = "configs/sweeps/example.yaml"
-QUICK_SWEEP_TRIALS = 2
-
-
 def nightly_sweep_spec(spec: str, out: Path, flow_run_id: str, mlflow_experiment: str) -> dict[str, Any]:
     """Tonight's copy of a sweep spec: a study of its own (the spec's name + this flow run), its trials and SQLite
     study under the nightly's output directory, so each nightly starts a fresh study and never trips over last
@@ -252,14 +221,14 @@ def stage_sweep(spec: str, trials: int | None, out: Path, res: NightlyResult, ml
 
     import yaml
 
-    from flows.sweep import sweep_internal
+    from flows.sweep import sweep
 
     shutil.rmtree(out / "sweep", ignore_errors=True)  # last night's trials and study: tonight's is a new study
     tonight = out / "sweep-spec.yaml"
     raw = nightly_sweep_spec(spec, out, res.flow_run_id, mlflow_experiment)
     tonight.write_text(yaml.safe_dump(raw, sort_keys=False))
     progress.reporter.stage("sweep", total=None)
-    return sweep_internal(spec=str(tonight), trials=trials, parent_run_id=res.run_id)
+    return sweep(spec=str(tonight), trials=trials, internals={"parent_run_id": res.run_id})
 
 
 def stage_report(mlflow_experiment: str, run_id: str, t_start: float, times: StageTimes, out: Path) -> str:
@@ -273,105 +242,6 @@ def stage_report(mlflow_experiment: str, run_id: str, t_start: float, times: Sta
     create_markdown_artifact(key="nightly-report", markdown=report_md,
                              description="Tonight vs the last nightly: schedulers, tenants, overhead")
     return report_md
-
-
-@flow(name="nightly-sweep", task_runner=task_runner("thread"), log_prints=False)
-def nightly_sweep_internal(
-    quick: bool = False,
-    experiments: list[str] | None = None,
-    seeds: list[int] | None = None,
-    detectors: bool = True,
-    job: bool = True,
-    job_steps: int | None = None,
-    job_overrides: dict[str, Any] | None = None,
-    canaries: list[str] | None = None,
-    canary_steps: int | None = None,
-    platform: bool = True,
-    platform_steps: int | None = None,
-    platform_jobs: list[dict[str, Any]] | None = None,
-    sweep: bool = True,
-    sweep_spec: str = NIGHTLY_SWEEP_SPEC,
-    sweep_trials: int | None = None,
-    runner: str = "thread",
-    workers: int | None = None,
-    out_dir: str = "results/nightly",
-    cache_dir: str = "runs/.cache",
-    fail_rate: float = 0.0,
-    fault_seed: int = 0,
-    retry_delay_s: float = 1.0,
-    mlflow_experiment: str = T.DEFAULT_EXPERIMENT,
-) -> NightlyResult:
-    """`nightly_sweep` with the knobs the run form does not show: `fail_rate`/`fault_seed` (chaos: inject
-    transient failures into that share of task attempts; `rlhfops nightly --fail-rate`) and `retry_delay_s`
-    (first backoff delay). `rlhfops nightly` and the tests call this one; the deployment runs `nightly_sweep`."""
-    from training.canaries import CANARIES
-
-    t_start = time.time()
-    check_runner(runner)
-    exps = [e.upper() for e in (experiments or EXPERIMENTS)]
-    for e in exps:
-        if e not in EXPERIMENTS:
-            raise BadInput(f"experiments: '{e}' is not one of {', '.join(EXPERIMENTS)}")
-    seeds = list(seeds or (QUICK_SEEDS if quick else [42, 123, 456, 789, 1024]))
-    known = [c.name for c in CANARIES]
-    canary_names = known if canaries is None else list(canaries)
-    for c in canary_names:
-        if c not in known:
-            raise BadInput(f"canaries: unknown canary '{c}' (choose from: {', '.join(known)})")
-    canary_steps = canary_steps or (60 if quick else 120)
-    fault_at = min(8 if quick else 30, canary_steps - 2)
-    steps = job_steps or NIGHTLY_JOB_STEPS[quick]
-    out = Path(out_dir)
-    validate_nightly(workers, seeds, out, cache_dir)
-    if sweep:  # the spec, every varied field against the job config, its pruner and price: before any stage runs
-        from tasks.sweep import prepare
-
-        prepare(sweep_spec, sweep_trials)
-    out.mkdir(parents=True, exist_ok=True)
-    times = StageTimes()
-    with parent_run("nightly", f"nightly {time.strftime('%Y-%m-%d %H:%M')}", mlflow_experiment, tenant="platform",
-                    params={"quick": quick, "experiments": ",".join(exps), "seeds": ",".join(map(str, seeds)),
-                            "runner": runner, "job_steps": steps if job else 0, "canaries": ",".join(canary_names),
-                            "platform": platform, "sweep": sweep_spec if sweep else "", "fail_rate": fail_rate},
-                    fail_rate=fail_rate, fault_seed=fault_seed, retry_delay_s=retry_delay_s) as run, \
-            no_heartbeats():  # the job's and platform's subflows run in this process: no heartbeat thread each
-        chaos = Chaos(fail_rate, fault_seed, retry_delay_s)
-        res = NightlyResult(run_id=run.run_id, flow_run_id=run.ctx[T.FLOW_RUN_TAG], out_dir=str(out))
-        with compute_pool(workers), task_runner(runner) as units_runner:
-            with times.stage("matrix"):
-                res.matrix = stage_matrix(exps, seeds, out, res, chaos, units_runner, mlflow_experiment)
-            if detectors:
-                with times.stage("detectors"):
-                    res.detectors = stage_detectors(seeds, out, res, chaos, units_runner, mlflow_experiment)
-        if job:
-            with times.stage("job"):
-                res.job, res.evaluation = stage_job(steps, job_overrides, cache_dir, out, res, chaos, mlflow_experiment)
-        if canary_names:
-            with times.stage("canaries"):
-                res.canaries = stage_canaries(canary_names, canary_steps, fault_at, cache_dir, out, res,
-                                              mlflow_experiment)
-        if sweep:
-            with times.stage("sweep"):
-                res.sweep = stage_sweep(sweep_spec, sweep_trials or (QUICK_SWEEP_TRIALS if quick else None), out,
-                                        res, mlflow_experiment)
-        if platform:
-            with times.stage("platform"):
-                res.platform = platform_round(jobs=platform_jobs, steps=platform_steps or (12 if quick else 24),
-                                              slots=2, out_dir=str(out / "platform"), cache_dir=cache_dir,
-                                              retry_delay_s=retry_delay_s, mlflow_experiment=mlflow_experiment,
-                                              parent_run_id=res.run_id)
-        with times.stage("report"):
-            res.report = stage_report(mlflow_experiment, res.run_id, t_start, times, out)
-        res.timing, res.stages = clock.breakdown(t_start, time.time()), times.wall
-        ok_canaries = bool(res.canaries is None or res.canaries["ok"].all())
-        job_state = res.job.get("state") if isinstance(res.job, dict) else "not run"
-        run.close(metrics={**res.timing, **times.wall,
-                           **{f"orchestration_s/{k}": v for k, v in times.orchestration.items()},
-                           "canaries_ok": float(ok_canaries)},
-                  texts={"report.md": res.report, "timing.json": json.dumps({**res.timing, **times.wall}, indent=2)},
-                  artifacts=[str(out / "scheduling" / "summary.csv")],
-                  tags={"job_state": job_state, "canaries_ok": ok_canaries})
-    return res
 
 
 @flow(name="nightly-sweep", task_runner=task_runner("thread"), log_prints=False)
@@ -396,15 +266,16 @@ def nightly_sweep(
     out_dir: str = "results/nightly",
     cache_dir: str = "runs/.cache",
     mlflow_experiment: str = T.DEFAULT_EXPERIMENT,
+    internals: JobInternals = JobInternals(),  # noqa: B008 - a pydantic default, never mutated
 ) -> NightlyResult:
     """The nightly: E1-E8 on the simulator, the detector comparison, one real RLHF job with its best
-    checkpoint registered and re-evaluated, the health canaries, a live platform round, and tonight vs the
+    checkpoint registered and re-evaluated, the health canaries, a sweep, a live platform round, and tonight vs the
     last nightly.
 
     Args:
-        quick: seeds 42,123, a 24-step job, 60-step canaries and a 12-step platform round (about 2 minutes
-            on 2 cores) instead of five seeds, 60 / 120 / 24 steps.
-        experiments: the scheduling experiments to run (empty: E1-E8).
+        quick: seeds 42,123, a 24-step job, 60-step canaries, a 2-trial sweep and a 12-step platform round instead of
+            five seeds, 60 / 120 steps, the spec's trials and 24 steps.
+        experiments: the scheduling experiments to run (empty: E1-E8; [] for none).
         seeds: workload seeds of the matrix and the detector comparison (empty: by `quick`).
         detectors: run the early-stop detector comparison (E7 noise kinds, E8).
         job: run the RLHF job, register its best checkpoint and re-score it from the registry.
@@ -416,20 +287,73 @@ def nightly_sweep(
         platform_steps: PPO steps per platform job (empty: 12 quick, 24 full).
         platform_jobs: the round's jobs as {tenant, name, overrides, gpus?, steps_factor?} (empty: five tenants).
         sweep: run a sweep (a fresh Optuna study per nightly, trials on GPU slots, pruned by the default detector).
-        sweep_spec: the sweep spec (YAML; see configs/sweeps/example.yaml).
+        sweep_spec: the sweep spec (YAML, here or among the shipped configs; see configs/sweeps/example.yaml).
         sweep_trials: trials of the sweep (empty: 2 quick, the spec's own otherwise).
         runner: where the simulation units run: thread (this process and its compute pool) or ray.
         workers: processes of the compute pool (empty: one per core).
         out_dir: where the nightly's CSVs, plots and report go.
         cache_dir: warm-start cache of the small PPO jobs (tokenizer, SFT policy, reward model).
         mlflow_experiment: MLflow experiment the runs go to.
+        internals: chaos injection (a share of task attempts fails; retries with exponential backoff from
+            `retry_delay_s` absorb them) and an MLflow run to nest under; the defaults are safe.
     """
-    return nightly_sweep_internal.fn(
-        quick=quick, experiments=experiments, seeds=seeds, detectors=detectors, job=job, job_steps=job_steps,
-        job_overrides=job_overrides, canaries=canaries, canary_steps=canary_steps, platform=platform,
-        platform_steps=platform_steps, platform_jobs=platform_jobs, sweep=sweep, sweep_spec=sweep_spec,
-        sweep_trials=sweep_trials, runner=runner, workers=workers,
-        out_dir=out_dir, cache_dir=cache_dir, mlflow_experiment=mlflow_experiment)
+    t_start = time.time()
+    internals = parse_internals(internals)
+    plan: NightlyPlan = check_nightly(
+        quick=quick, experiments=experiments, seeds=seeds, canaries=canaries, canary_steps=canary_steps, job=job,
+        job_steps=job_steps, job_overrides=job_overrides, platform_steps=platform_steps, sweep=sweep,
+        sweep_spec=sweep_spec, sweep_trials=sweep_trials, runner=runner, workers=workers, out_dir=out_dir,
+        cache_dir=cache_dir, mlflow_experiment=mlflow_experiment)
+    out = plan.out
+    out.mkdir(parents=True, exist_ok=True)
+    times = StageTimes()
+    chaos = Chaos(internals.fail_rate, internals.fault_seed, internals.retry_delay_s)
+    with parent_run("nightly", f"nightly {time.strftime('%Y-%m-%d %H:%M')}", mlflow_experiment,
+                    internals.parent_run_id, tenant="platform",
+                    params={"quick": quick, "experiments": ",".join(plan.experiments),
+                            "seeds": ",".join(map(str, plan.seeds)), "runner": runner,
+                            "job_steps": plan.job_steps if job else 0, "canaries": ",".join(plan.canaries),
+                            "platform": platform, "sweep": sweep_spec if sweep else "", "fail_rate": chaos.fail_rate},
+                    fail_rate=chaos.fail_rate, fault_seed=chaos.fault_seed, retry_delay_s=chaos.retry_delay_s) as run, \
+            no_heartbeats():  # the job's and platform's subflows run in this process: no heartbeat thread each
+        res = NightlyResult(run_id=run.run_id, flow_run_id=run.ctx[T.FLOW_RUN_TAG], out_dir=str(out))
+        with compute_pool(workers), task_runner(runner) as units_runner:
+            if plan.experiments:
+                with times.stage("matrix"):
+                    res.matrix = stage_matrix(plan.experiments, plan.seeds, out, res, chaos, units_runner,
+                                              mlflow_experiment)
+            if detectors:
+                with times.stage("detectors"):
+                    res.detectors = stage_detectors(plan.seeds, out, res, chaos, units_runner, mlflow_experiment)
+        if plan.job is not None:
+            with times.stage("job"):
+                res.job, res.evaluation = stage_job(plan.job, out, res, chaos, mlflow_experiment)
+        if plan.canaries:
+            with times.stage("canaries"):
+                res.canaries = stage_canaries(plan.canaries, plan.canary_steps, plan.fault_at, cache_dir, out, res,
+                                              mlflow_experiment)
+        if sweep:
+            with times.stage("sweep"):
+                res.sweep = stage_sweep(sweep_spec, plan.sweep_trials, out, res, mlflow_experiment)
+        if platform:
+            with times.stage("platform"):
+                res.platform = platform_round(jobs=platform_jobs, steps=plan.platform_steps, slots=2,
+                                              out_dir=str(out / "platform"), cache_dir=cache_dir,
+                                              retry_delay_s=chaos.retry_delay_s, mlflow_experiment=mlflow_experiment,
+                                              parent_run_id=res.run_id)
+        with times.stage("report"):
+            progress.reporter.stage("report: tonight vs the last nightly", total=None)
+            res.report = stage_report(mlflow_experiment, res.run_id, t_start, times, out)
+        res.timing, res.stages = clock.breakdown(t_start, time.time()), times.wall
+        ok_canaries = bool(res.canaries is None or res.canaries["ok"].all())
+        job_state = res.job.get("state") if isinstance(res.job, dict) else "not run"
+        run.close(metrics={**res.timing, **times.wall,
+                           **{f"orchestration_s/{k}": v for k, v in times.orchestration.items()},
+                           "canaries_ok": float(ok_canaries)},
+                  texts={"report.md": res.report, "timing.json": json.dumps({**res.timing, **times.wall}, indent=2)},
+                  artifacts=[str(p) for p in [out / "scheduling" / "summary.csv"] if p.is_file()],
+                  tags={"job_state": job_state, "canaries_ok": ok_canaries})
+    return res
 
 
 def overhead_markdown(timing: dict[str, float], stages: dict[str, float], orch: dict[str, float]) -> str:

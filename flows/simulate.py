@@ -1,61 +1,40 @@
-"""`scheduling_experiment`: one of E1-E8 (or a YAML path) fanned out as Prefect tasks, one per workload unit
-(variant x seed, every scheduler), aggregated into summary.csv, plots, a Prefect table artifact and MLflow
-runs (a parent for the flow run, a child per variant)."""
+"""`scheduling_experiment`: one `ExperimentRequest` (one of E1-E8, or a YAML path) run by
+`scheduling.request.run_experiment` with one Prefect task per workload unit (variant x seed, every scheduler); every
+output file written there (summary.csv, per_seed.csv, jobs.csv, tenants.csv, config.yaml, plots), then a Prefect
+table artifact and MLflow runs (a parent for the flow run, a child per variant)."""
 
 from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 from prefect.futures import as_completed
 
-from common.validate import check_out_dir, check_workers
 from flows import progress
-from flows.params import ExperimentName
 from infra import tracking as T
+from infra.ledger import tenant_costs
 from infra.provision import compute_pool, task_runner
-from scheduling.experiments import aggregate, load_experiment, scale, units_for
-from scheduling.plots import plot_summary
+from scheduling.request import ExperimentPlan, ExperimentRequest, ExperimentResult, run_experiment
 from tasks.retry import backoff
 from tasks.sim import simulate_unit
 from tasks.timing import clock
 from tasks.tracking import ParentRun, parent_run, track_variant
-
-
-def resolve_experiment(experiment: str, seeds: list[int] | None = None, jobs: int | None = None,
-                       gpus: int | None = None, overrides: dict[str, Any] | None = None):
-    """Validate the whole experiment before anything runs (raises BadInput naming the field)."""
-    from common.errors import BadInput
-
-    if jobs is not None and jobs < 1:
-        raise BadInput("jobs: must be >= 1")
-    if gpus is not None and gpus < 1:
-        raise BadInput("gpus: must be >= 1")
-    cfg = load_experiment(experiment, {**(overrides or {}), **({"seeds": list(seeds)} if seeds else {})})
-    return scale(cfg, jobs, gpus)
+from training.request import JobInternals, parse_internals
 
 
 def _clean(x: Any) -> Any:
     return None if isinstance(x, float) and math.isnan(x) else x
 
 
-def plan_experiment(experiment: str, seeds: list[int] | None = None, jobs: int | None = None,
-                    gpus: int | None = None, overrides: dict[str, Any] | None = None, keep_jobs: bool = True):
-    """The validated experiment and its workload units (variant x seed), or BadInput naming the field."""
-    cfg = resolve_experiment(experiment, seeds, jobs, gpus, overrides)
-    return cfg, units_for(cfg, keep_jobs=keep_jobs)
-
-
-def experiment_params(cfg, units, fail_rate: float) -> dict[str, Any]:
+def experiment_params(plan: ExperimentPlan, fail_rate: float) -> dict[str, Any]:
     """An experiment run's MLflow params."""
+    cfg = plan.config
     return {"experiment": cfg.name, "seeds": ",".join(map(str, cfg.seeds)), "jobs": cfg.workload.jobs,
-            "gpus": cfg.workload.gpus, "variants": len(cfg.variants), "units": len(units), "fail_rate": fail_rate}
+            "gpus": cfg.workload.gpus, "variants": len(cfg.variants), "units": len(plan.units), "fail_rate": fail_rate}
 
 
 def submit_units(units, fail_rate: float, fault_seed: int, retry_delay_s: float, runner=None) -> list:
@@ -91,23 +70,14 @@ def run_units_as_tasks(units, fail_rate: float, fault_seed: int, retry_delay_s: 
     return gather_units(futures)
 
 
-def record_experiment(cfg, units, per_seed: pd.DataFrame, job_rows: pd.DataFrame, out: Path, run: ParentRun, *,
-                      keep_jobs: bool = True, mlflow_experiment: str = T.DEFAULT_EXPERIMENT, fail_rate: float = 0.0,
-                      fault_seed: int = 0, retry_delay_s: float = 1.0, marks: list | None = None) -> dict[str, Any]:
-    """An experiment's units are done: aggregate them (summary.csv, per_seed.csv, jobs.csv, plots, the resolved
-    config), one MLflow child run per variant under `run` (tasks, retried), a Prefect table artifact, and close
-    `run` with the files. `marks` collects (phase, time) pairs."""
+def track_experiment(result: ExperimentResult, run: ParentRun, *, mlflow_experiment: str = T.DEFAULT_EXPERIMENT,
+                     fail_rate: float = 0.0, fault_seed: int = 0, retry_delay_s: float = 1.0,
+                     marks: list | None = None) -> dict[str, Any]:
+    """An experiment's outputs are written (`scheduling.request.write_experiment`): one MLflow child run per variant
+    under `run` (tasks, retried), a Prefect table artifact, and `run` closed with the files. `marks` collects
+    (phase, time) pairs."""
     marks = marks if marks is not None else []
-    with clock.span("work"):
-        summary = aggregate(per_seed, job_rows)
-        out.mkdir(parents=True, exist_ok=True)
-        summary.to_csv(out / "summary.csv", index=False)
-        per_seed.to_csv(out / "per_seed.csv", index=False)
-        if keep_jobs:
-            job_rows.to_csv(out / "jobs.csv", index=False)
-        plots = plot_summary(summary, out)
-        (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    marks.append(("aggregate_plots", time.time()))
+    cfg, summary, per_seed = result.plan.config, result.summary, result.per_seed
     seeds = ",".join(map(str, cfg.seeds))
     variant_params = {"seeds": seeds, "jobs": cfg.workload.jobs, "gpus": cfg.workload.gpus}
     track = track_variant.with_options(retry_delay_seconds=backoff(retry_delay_s))
@@ -121,81 +91,53 @@ def record_experiment(cfg, units, per_seed: pd.DataFrame, job_rows: pd.DataFrame
         key=f"summary-{cfg.name.lower().replace('_', '-')}",
         table=[{k: _clean(v) for k, v in r.items()} for r in summary.to_dict("records")],
         description=f"{cfg.name}: {cfg.description} (means over seeds {seeds})")
-    artifacts = [out / "summary.csv", out / "per_seed.csv", out / "config.yaml", *plots]
-    run.close(metrics={"units": len(units), "variants": len(child_runs)}, artifacts=[str(p) for p in artifacts])
+    big = {"jobs.csv"}  # one row per job, seed and scheduler: on disk, not copied into the store
+    run.close(metrics={"units": len(result.plan.units), "variants": len(child_runs)},
+              artifacts=[str(p) for p in result.files if p.name not in big])
     marks.append(("artifacts_close", time.time()))
-    return {"experiment": cfg.name, "run_id": run.run_id, "child_runs": child_runs, "out_dir": str(out),
-            "summary": summary, "per_seed": per_seed, "plots": [str(p) for p in plots]}
+    return {"experiment": cfg.name, "run_id": run.run_id, "child_runs": child_runs, "out_dir": str(result.out),
+            "summary": summary, "per_seed": per_seed, "plots": [str(p) for p in result.plots],
+            "files": [str(p) for p in result.files]}
 
 
-@flow(name="scheduling-experiment", flow_run_name="{experiment}", task_runner=task_runner("thread"),
-      log_prints=False)
-def scheduling_experiment_internal(
-    experiment: str = "E2",
-    seeds: list[int] | None = None,
-    jobs: int | None = None,
-    gpus: int | None = None,
-    overrides: dict[str, Any] | None = None,
-    out_dir: str | None = None,
-    workers: int | None = None,
-    keep_jobs: bool = True,
-    fail_rate: float = 0.0,
-    fault_seed: int = 0,
-    retry_delay_s: float = 1.0,
-    mlflow_experiment: str = T.DEFAULT_EXPERIMENT,
-    parent_run_id: str | None = None,
-    progress_stage: bool = True,
-) -> dict[str, Any]:
-    """`scheduling_experiment` with the knobs the run form does not show: `experiment` may be a YAML path,
-    `fail_rate`/`fault_seed` inject transient failures into that share of task attempts (chaos testing; retries
-    with exponential backoff from `retry_delay_s` absorb them), `parent_run_id` nests the MLflow run,
-    `progress_stage` opens a CLI progress stage."""
-    marks = [("start", time.time())]
-    check_workers(workers)
-    cfg, units = plan_experiment(experiment, seeds, jobs, gpus, overrides, keep_jobs)
-    out = Path(out_dir or Path("results") / cfg.name)
-    check_out_dir(out, "out_dir")
-    with parent_run("scheduling_experiment", f"simulate {cfg.name}", mlflow_experiment, parent_run_id,
-                    tenant="simulation", params=experiment_params(cfg, units, fail_rate), fail_rate=fail_rate,
-                    fault_seed=fault_seed, retry_delay_s=retry_delay_s) as run:
-        marks.append(("open_run", time.time()))
-        with compute_pool(workers):
-            per_seed, job_rows = run_units_as_tasks(units, fail_rate, fault_seed, retry_delay_s,
-                                                    f"{cfg.name}: variant x seed" if progress_stage else None)
-        marks.append(("units", time.time()))
-        result = record_experiment(cfg, units, per_seed, job_rows, out, run, keep_jobs=keep_jobs,
-                                   mlflow_experiment=mlflow_experiment, fail_rate=fail_rate, fault_seed=fault_seed,
-                                   retry_delay_s=retry_delay_s, marks=marks)
-    return {**result, "phases": {name: t - marks[i][1] for i, (name, t) in enumerate(marks[1:])}}
-
-
-@flow(name="scheduling-experiment", flow_run_name="{experiment}", task_runner=task_runner("thread"),
+@flow(name="scheduling-experiment", flow_run_name="{request.experiment}", task_runner=task_runner("thread"),
       log_prints=False)
 def scheduling_experiment(
-    experiment: ExperimentName = "E2",
-    seeds: list[int] | None = None,
-    jobs: int | None = None,
-    gpus: int | None = None,
-    overrides: dict[str, Any] | None = None,
-    out_dir: str | None = None,
-    workers: int | None = None,
-    keep_jobs: bool = True,
+    request: ExperimentRequest = ExperimentRequest(),  # noqa: B008 - a pydantic default, never mutated
     mlflow_experiment: str = T.DEFAULT_EXPERIMENT,
+    internals: JobInternals = JobInternals(),  # noqa: B008
 ) -> dict[str, Any]:
-    """Run one experiment of the EvalStop paper in the discrete-event simulator: one task per variant x seed,
-    aggregated into summary.csv, per_seed.csv, jobs.csv and plots, a table artifact and MLflow runs.
+    """Run one experiment of the EvalStop paper in the discrete-event simulator: one task per variant x seed, every
+    output of `rlhfops simulate` (summary.csv, per_seed.csv, jobs.csv, tenants.csv, config.yaml, plots), a table
+    artifact and MLflow runs.
 
     Args:
-        experiment: E1 (main comparison) ... E8 (see docs/reproduction.md for what each one varies).
-        seeds: workload seeds (empty: the experiment's own, usually 42,123,456,789,1024).
-        jobs: jobs per workload (empty: the experiment's; scales arrivals to keep the load).
-        gpus: cluster GPUs (empty: the experiment's).
-        overrides: dotted experiment fields to change, e.g. {"workload.eval_noise.sigma": 0.08}.
-        out_dir: where the CSVs and plots go (empty: results/<experiment>).
-        workers: processes for the simulation units (empty: one per core; 1: in the flow's own process).
-        keep_jobs: also write jobs.csv (one row per job, seed and scheduler).
+        request: the experiment, its seeds, size, overrides and output directory (as `rlhfops simulate` takes them).
         mlflow_experiment: MLflow experiment the runs go to.
+        internals: chaos injection (a share of task attempts fails; retries with exponential backoff from
+            `retry_delay_s` absorb them) and the MLflow run to nest under; the defaults are safe.
     """
-    return scheduling_experiment_internal.fn(experiment=experiment, seeds=seeds, jobs=jobs, gpus=gpus,
-                                             overrides=overrides, out_dir=out_dir, workers=workers,
-                                             keep_jobs=keep_jobs, mlflow_experiment=mlflow_experiment)
+    from scheduling.request import plan_experiment
+
+    internals = parse_internals(internals)
+    marks = [("start", time.time())]
+    plan = plan_experiment(request)  # every check, before the MLflow run opens
+    with parent_run("scheduling_experiment", f"simulate {plan.config.name}", mlflow_experiment,
+                    internals.parent_run_id, tenant="simulation", params=experiment_params(plan, internals.fail_rate),
+                    fail_rate=internals.fail_rate, fault_seed=internals.fault_seed,
+                    retry_delay_s=internals.retry_delay_s) as run:
+        marks.append(("open_run", time.time()))
+
+        def run_as_tasks(p: ExperimentPlan):
+            with compute_pool(request.workers):
+                out = run_units_as_tasks(p.units, internals.fail_rate, internals.fault_seed, internals.retry_delay_s,
+                                         f"{p.config.name}: variant x seed")
+            marks.append(("units", time.time()))
+            return out
+
+        result = run_experiment(plan, tenant_costs=tenant_costs, run=run_as_tasks,
+                                write_context=lambda: clock.span("work"))
+        marks.append(("aggregate_plots", time.time()))
+        out = track_experiment(result, run, mlflow_experiment=mlflow_experiment, fail_rate=internals.fail_rate,
+                               fault_seed=internals.fault_seed, retry_delay_s=internals.retry_delay_s, marks=marks)
+    return {**out, "phases": {name: t - marks[i][1] for i, (name, t) in enumerate(marks[1:])}}

@@ -213,3 +213,22 @@ def charge_simulated_jobs(ledger: Ledger, jobs: Any, gpu_kind: str = "h100", ten
         ledger.charge(run_id, tenant, gpu_kind, "eval", min(eval_gpu_s, total_gpu_s))
         ledger.charge(run_id, tenant, gpu_kind, "optim", max(total_gpu_s - eval_gpu_s, 0.0),
                       steps=int(row.checkpoints))
+
+
+def tenant_costs(job_rows: Any, prices: PriceTable | None = None):
+    """tenants.csv of a simulator experiment: per experiment, variant, scheduler and tenant, the GPU-hours and cost
+    the ledger charges for its finished jobs (`charge_simulated_jobs`), mean over seeds."""
+    import pandas as pd
+
+    prices = prices if prices is not None else load_prices()  # once: not a file read per group
+    rows = []
+    for (exp, variant, sched, seed), g in job_rows.groupby(["experiment", "variant", "scheduler", "seed"], sort=False):
+        ledger = Ledger(prices)
+        charge_simulated_jobs(ledger, g)
+        for tenant, t in sorted(ledger.tenant_totals().items()):
+            rows.append({"experiment": exp, "variant": variant, "scheduler": sched, "seed": seed, "tenant": tenant,
+                         "gpu_hours": t.gpu_seconds / 3600, "cost": float(t.cost)})
+    keys = ["experiment", "variant", "scheduler", "tenant"]
+    if not rows:
+        return pd.DataFrame(columns=[*keys, "gpu_hours", "cost"])
+    return pd.DataFrame(rows).groupby(keys, sort=False)[["gpu_hours", "cost"]].mean().reset_index()

@@ -95,12 +95,18 @@ def run_flow(console, flow_obj, what: str, server: start_prefect_api | None = No
         except APIUnreachable as err:
             console.print(f"[red]Prefect API not reachable[/red]: {err}")
             raise typer.Exit(1) from None
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bar, (no_heartbeats() if on_temporary_server() else nullcontext()):
-        flow_progress.install(flow_progress.RichReporter(bar, console))
+    # a terminal gets bars; a pipe or a file (cron, nohup, CI) a plain line per stage, as it happens
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=console) if console.is_terminal else None
+    with bar or nullcontext(), (no_heartbeats() if on_temporary_server() else nullcontext()):
+        reporter = flow_progress.RichReporter(bar, console) if bar is not None else flow_progress.LineReporter(
+            lambda line: (console.print(line, markup=False, highlight=False, soft_wrap=True), console.file.flush()))
+        flow_progress.install(reporter)
         try:
             state = flow_obj(**params, return_state=True)
         finally:
+            if bar is None:
+                reporter.close()
             flow_progress.install(None)
     if state.is_failed():
         try:

@@ -21,23 +21,22 @@ def split_list(text: str | None) -> list[str] | None:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def check_nightly_args(workers: int | None, experiments: str | None, canaries: str | None, out: Path,
-                       cache_dir: str) -> None:
-    """What the nightly flow checks too, checked here before the Prefect server starts (10-18 s)."""
-    from common.validate import check_out_dir, check_workers
-    from scheduling.experiments import EXPERIMENTS
-    from training.canaries import CANARIES
+#: `--stages`: what each stage is (the stage names are flows.nightly_check.STAGES)
+STAGES_HELP = ("comma-separated stages to run, of matrix (the E1-E8 simulation matrix), detectors, job (an RLHF job "
+               "and its checkpoint's re-evaluation), canaries, sweep, platform (default: all; the report always "
+               "runs). E.g. --stages matrix,detectors for the simulator only")
 
-    check_workers(workers)
-    for e in split_list(experiments) or []:
-        if e.upper() not in EXPERIMENTS:
-            raise BadInput(f"experiments: '{e}' is not one of {', '.join(EXPERIMENTS)}")
-    known = [c.name for c in CANARIES]
-    for c in split_list(canaries) or []:
-        if c not in known:
-            raise BadInput(f"canaries: unknown canary '{c}' (choose from: {', '.join(known)})")
-    check_out_dir(out, "out")
-    check_out_dir(cache_dir, "cache_dir")
+
+def parse_stages(text: str | None) -> set[str]:
+    from flows.nightly_check import STAGES
+
+    if text is None:
+        return set(STAGES)
+    stages = set(split_list(text) or [])
+    unknown = sorted(stages - set(STAGES))
+    if unknown:
+        raise BadInput(f"--stages: '{unknown[0]}' is not a stage (choose from: {', '.join(STAGES)})")
+    return stages
 
 
 def register(app: typer.Typer) -> None:
@@ -69,24 +68,32 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("results/nightly"), "--out", help="output directory"),
         cache_dir: str = typer.Option("runs/.cache", "--cache-dir", help="base-policy / reward-model cache"),
         verbose: bool = typer.Option(False, "--verbose", help="show Prefect's own log lines (task states)"),
+        stages_text: str = typer.Option(None, "--stages", help=STAGES_HELP),
     ) -> None:
         """Run the nightly sweep flow locally: E1-E8 simulation matrix, detector comparison, a real RLHF job
         (best checkpoint registered and re-evaluated), health canaries, a live platform round, and
         tonight-vs-last-night. Writes
-        OUT/report.md and MLflow runs (sqlite:///mlflow.db unless MLFLOW_TRACKING_URI is set)."""
+        OUT/report.md and MLflow runs (sqlite:///mlflow.db unless MLFLOW_TRACKING_URI is set). Every input is checked
+        before the Prefect server starts; when the output is not a terminal (cron, nohup, CI) each stage prints a
+        line as it starts and as it advances."""
         t_process = time.time()
+        from common.validate import check_out_dir
+        from flows.nightly_check import check_nightly
         from rlhfops.commands.simulate import parse_seeds
 
-        seed_list = parse_seeds(seeds)
-        check_nightly_args(workers, experiments, canaries, out, cache_dir)
+        stages = parse_stages(stages_text)
+        check_out_dir(out, "out")
         if not 0.0 <= fail_rate <= 0.9:
             raise BadInput("--fail-rate: must be between 0 and 0.9")
-        if job_steps is not None and job_steps < 4:
-            raise BadInput("--job-steps: must be >= 4 (the job gates every 4 steps)")
+        params = dict(quick=quick, experiments=split_list(experiments) if "matrix" in stages else [],
+                      seeds=parse_seeds(seeds), detectors="detectors" in stages and not no_detectors,
+                      job="job" in stages and not no_job, job_steps=job_steps,
+                      canaries=split_list(canaries) if "canaries" in stages else [],
+                      platform="platform" in stages and not no_platform, sweep="sweep" in stages and not no_sweep,
+                      sweep_spec=sweep_spec, runner=runner, workers=workers, out_dir=str(out), cache_dir=cache_dir)
+        # every input, before the Prefect server starts (10-18 s) or torch is imported: a bad one fails in a second
+        check_nightly(**{k: v for k, v in params.items() if k not in ("detectors", "platform")})
         prefect_env(verbose)
-        from infra.provision import check_runner
-
-        check_runner(runner)
         server = start_prefect_api()
         import transformers
 
@@ -97,27 +104,25 @@ def register(app: typer.Typer) -> None:
         transformers.logging.set_verbosity_error()  # checkpoint loads report tied lm_head weights as missing
         clock.reset()
         console = make_console()
-        console.print(f"[dim]Prefect API: {os.environ.get('PREFECT_API_URL') or 'temporary local server (starting)'}"
-                      "[/dim]")
+        prefect_api = os.environ.get("PREFECT_API_URL")
+        console.print(f"[dim]Prefect API: {prefect_api or 'temporary local server (starting)'}[/dim]")
         with clock.span("tracking"):
             uri = T.init_store()
         console.print(f"[dim]MLflow store: {uri}[/dim]")
-        from flows.nightly import nightly_sweep_internal  # with the trainer (torch): while the server starts
+        from flows.nightly import nightly_sweep  # with the trainer (torch): while the server starts
 
-        res = run_flow(console, nightly_sweep_internal, "nightly", server,
-                       quick=quick, experiments=split_list(experiments), seeds=seed_list, detectors=not no_detectors,
-                       job=not no_job, job_steps=job_steps, canaries=split_list(canaries), platform=not no_platform,
-                       sweep=not no_sweep, sweep_spec=sweep_spec, runner=runner, workers=workers, out_dir=str(out),
-                       cache_dir=cache_dir, fail_rate=fail_rate)
+        res = run_flow(console, nightly_sweep, "nightly", server, **params,
+                       internals={"fail_rate": fail_rate})
         process = clock.breakdown(t_process, time.time())
         T.log_metrics(res.run_id, {"process_wall_s": process["wall_s"],
                                       "process_orchestration_s": process["orchestration_s"],
                                       "process_orchestration_frac": process["orchestration_frac"]})
-        print_summary(console, res, process, uri)
+        print_summary(console, res, process, uri, prefect_api)
 
 
-def print_summary(console, res, process: dict, uri: str) -> None:
-    """The nightly's result (`flows.nightly.NightlyResult`) as one table, then where to look."""
+def print_summary(console, res, process: dict, uri: str, prefect_api: str | None = None) -> None:
+    """The nightly's result (`flows.nightly.NightlyResult`) as one table, then where to look: the servers this run
+    used (`prefect_api`: the configured PREFECT_API_URL, None for the temporary server; `uri`: the MLflow store)."""
     from rich.table import Table
 
     t = res.timing
@@ -125,8 +130,11 @@ def print_summary(console, res, process: dict, uri: str) -> None:
     table.add_column("what")
     table.add_column("result")
     m = res.matrix
-    table.add_row("scheduling matrix", f"{m['experiment'].nunique()} experiments, {len(m)} scheduler rows: "
-                  f"{res.out_dir}/scheduling/<EXP>/summary.csv and plots")
+    if m is not None:
+        table.add_row("scheduling matrix", f"{m['experiment'].nunique()} experiments, {len(m)} scheduler rows: "
+                      f"{res.out_dir}/scheduling/<EXP>/summary.csv and plots")
+    if res.detectors is not None:
+        table.add_row("detectors", f"{len(res.detectors)} detector rows: {res.out_dir}/detectors.md")
     job = res.job
     if isinstance(job, dict):
         best = job.get("best") or {}
@@ -162,9 +170,23 @@ def print_summary(console, res, process: dict, uri: str) -> None:
                   f"{process['orchestration_s']:.1f} s = {100 * process['orchestration_frac']:.1f}% of the process "
                   f"wall ({100 * t['orchestration_frac']:.1f}% of the flow's), MLflow {t['tracking_s']:.1f} s")
     console.print(table)
-    db = uri.removeprefix("sqlite:///")
     console.print("Where to look:")
     console.print(f"  report      {res.out_dir}/report.md  (or `rlhfops report`)")
-    console.print(f"  MLflow UI   mlflow ui --backend-store-uri {uri}   (store: {db})")
-    console.print("  Prefect UI  prefect server start, then rerun with PREFECT_API_URL=http://127.0.0.1:4200/api "
-                  "(this run used a temporary server)")
+    for line in server_hints(uri, prefect_api):
+        console.print(f"  {line}", markup=False, highlight=False)
+
+
+def server_hints(uri: str, prefect_api: str | None) -> list[str]:
+    """Where the MLflow and Prefect UIs of this run are: the servers it used. A tracking server (http...) is named
+    as it is; a local store gets the `mlflow ui` command that opens it. A configured Prefect API is named (its UI
+    is the URL without /api); on the temporary server, which stopped with the run, the hint says how to keep one."""
+    if uri.startswith(("http://", "https://")):
+        mlflow = f"MLflow UI   {uri}"
+    else:
+        mlflow = f"MLflow UI   mlflow ui --backend-store-uri {uri}   (store: {uri.removeprefix('sqlite:///')})"
+    if prefect_api:
+        prefect = f"Prefect UI  {prefect_api.rstrip('/').removesuffix('/api')}   (API {prefect_api})"
+    else:
+        prefect = ("Prefect UI  this run used a temporary server, gone with it: `prefect server start`, then rerun "
+                   "with PREFECT_API_URL=http://127.0.0.1:4200/api")
+    return [mlflow, prefect]

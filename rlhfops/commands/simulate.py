@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from common.errors import BadInput
-from common.validate import check_out_dir, check_out_file, check_seed, check_workers
+from common.validate import check_out_file, check_workers
 from rlhfops.console import make_console
 
 
@@ -54,84 +54,41 @@ def summary_table(summary, title: str):
 
 
 def parse_seeds(text: str | None) -> list[int] | None:
+    """`--seeds 42,123`: the integers as typed (their range and repeats are the request's to check)."""
     if text is None:
         return None
     try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
+        return [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise BadInput(f"--seeds '{text}': expected comma-separated integers, e.g. 42,123,456") from None
-    if not seeds:
-        raise BadInput("--seeds: give at least one seed")
-    for seed in seeds:
-        check_seed(seed, "seeds")
-    if len(set(seeds)) < len(seeds):
-        raise BadInput(f"seeds: '{text}' lists a seed twice (it would count twice in the means)")
-    return seeds
 
 
-def run_experiment(exp: str, seeds: list[int] | None, jobs: int | None, gpus: int | None,
-                   overrides: list[str], out: Path | None, console, workers: int | None = None, plots: bool = True):
-    """Validate everything, run with a progress bar, write summary.csv / jobs.csv / per_seed.csv / tenants.csv and
-    (with `plots`) the figures."""
-    import time
-
+def experiment_request(exp: str, seeds: str | None, jobs: int | None, gpus: int | None, overrides: list[str],
+                       out: Path | None, workers: int | None, plots: bool):
+    """The command line as a validated `ExperimentRequest` (BadInput naming the field)."""
     from common.config import parse_overrides
-    from scheduling.experiments import (
-        aggregate,
-        load_experiment,
-        run_units,
-        scale,
-        units_for,
-    )
+    from common.validate import check_out_dir
+    from scheduling.request import ExperimentRequest
 
-    if jobs is not None and jobs < 1:
-        raise BadInput("--jobs must be >= 1")
-    if gpus is not None and gpus < 1:
-        raise BadInput("--gpus must be >= 1")
-    check_workers(workers)
-    parsed = parse_overrides(overrides)
-    if seeds:
-        parsed["seeds"] = seeds
-    cfg = scale(load_experiment(exp, parsed), jobs, gpus)
-    out = out or Path("results") / cfg.name
     check_out_dir(out, "out")
-    units = units_for(cfg, workers=workers)
-    t0 = time.perf_counter()
-    with progress_bar(console) as progress:
-        task = progress.add_task(f"{cfg.name}: variant x seed", total=len(units))
-        per_seed, job_rows = run_units(units, workers=workers, on_done=lambda _u: progress.advance(task))
-    wall = time.perf_counter() - t0
-    summary = aggregate(per_seed, job_rows)
-    out.mkdir(parents=True, exist_ok=True)
-    summary.to_csv(out / "summary.csv", index=False)
-    per_seed.to_csv(out / "per_seed.csv", index=False)
-    job_rows.to_csv(out / "jobs.csv", index=False)
-    tenant_costs(job_rows).to_csv(out / "tenants.csv", index=False)
-    figures = []
-    if plots:
-        from scheduling.plots import plot_summary
-
-        figures = plot_summary(summary, out)
-    return cfg, summary, wall, out, figures
+    return ExperimentRequest.build(experiment=exp, seeds=parse_seeds(seeds), jobs=jobs, gpus=gpus,
+                                   overrides=parse_overrides(overrides), out_dir=str(out) if out else None,
+                                   workers=workers, plots=plots)
 
 
-def tenant_costs(job_rows):
-    """Per scheduler and tenant: GPU-hours and cost from the accounting ledger (mean over seeds)."""
-    import pandas as pd
+def run_with_progress(request, console):
+    """`scheduling.request.run_experiment` with a progress bar (one tick per variant x seed), drawn once the
+    request has passed every check."""
+    from infra.ledger import tenant_costs
+    from scheduling.experiments import run_units
+    from scheduling.request import run_experiment
 
-    from infra.ledger import Ledger, charge_simulated_jobs, load_prices
+    def run(plan):
+        with progress_bar(console) as progress:
+            task = progress.add_task(f"{plan.config.name}: variant x seed", total=len(plan.units))
+            return run_units(plan.units, workers=request.workers, on_done=lambda _u: progress.advance(task))
 
-    prices = load_prices()  # once: a Ledger() per group would read the price file again each time
-    rows = []
-    for (exp, variant, sched, seed), g in job_rows.groupby(["experiment", "variant", "scheduler", "seed"], sort=False):
-        ledger = Ledger(prices)
-        charge_simulated_jobs(ledger, g)
-        for tenant, t in sorted(ledger.tenant_totals().items()):
-            rows.append({"experiment": exp, "variant": variant, "scheduler": sched, "seed": seed, "tenant": tenant,
-                         "gpu_hours": t.gpu_seconds / 3600, "cost": float(t.cost)})
-    df = pd.DataFrame(rows)
-    return df.groupby(["experiment", "variant", "scheduler", "tenant"], sort=False)[["gpu_hours", "cost"]].mean() \
-        .reset_index()
+    return run_experiment(request, tenant_costs=tenant_costs, run=run)
 
 
 def register(app: typer.Typer) -> None:
@@ -152,15 +109,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run an EvalStop experiment: prints the table, writes summary.csv, jobs.csv, per_seed.csv and tenants.csv
         (plots with --plots)."""
+        request = experiment_request(experiment, seeds, jobs, gpus, set_, out, workers, plots)
         console = make_console()
-        cfg, summary, wall, out_dir, figures = run_experiment(
-            experiment, parse_seeds(seeds), jobs, gpus, set_, out, console, workers, plots)
-        console.print(summary_table(summary, f"{cfg.name}: {cfg.description} — {cfg.workload.jobs} jobs, "
+        res = run_with_progress(request, console)
+        cfg = res.plan.config
+        console.print(summary_table(res.summary, f"{cfg.name}: {cfg.description} — {cfg.workload.jobs} jobs, "
                                     f"{cfg.workload.gpus} GPUs, seeds {','.join(map(str, cfg.seeds))}"))
         console.print("Means over seeds; JCT ± sd across seeds; p(JCT): Welch's t-test of per-job JCT against "
                       "the same base without early stop.")
-        console.print(f"[green]done in {wall:.1f}s[/]: {out_dir}/summary.csv, jobs.csv, per_seed.csv, tenants.csv"
-                      + "".join(f", {p.name}" for p in figures))
+        console.print(f"[green]done in {res.wall_s:.1f}s[/]: {res.out}/" + ", ".join(p.name for p in res.files))
 
     @app.command("reproduce")
     def reproduce_cmd(

@@ -405,10 +405,12 @@ def test_weights_count_in_the_memory_estimate(tmp_path, monkeypatch):
 
 def test_flow_parameters_go_through_the_same_validators(tmp_path):
     """A deployment parameter gets the same one-line error as the CLI, naming the parameter."""
-    from flows.simulate import resolve_experiment
+    from scheduling.request import ExperimentRequest, plan_experiment
 
     with pytest.raises(BadInput, match=r"override 'seeds=\[-1\]': field 'seeds.0'"):
-        resolve_experiment("E1", seeds=[-1])
+        plan_experiment(ExperimentRequest(experiment="E1", overrides={"seeds": [-1]}))
+    with pytest.raises(BadInput, match=r"^seeds: -1 must be a whole number"):
+        ExperimentRequest(experiment="E1", seeds=[-1])
     (tmp_path / "f").write_text("x")
     from common.validate import check_out_dir
 

@@ -34,9 +34,10 @@ def test_scheduling_experiment_matches_the_simulator_and_tracks_runs(prefect_ser
     from prefect.client.orchestration import get_client
 
     from flows.simulate import scheduling_experiment
+    from scheduling.request import ExperimentRequest
 
-    state = scheduling_experiment(experiment="E1", seeds=[42, 123], out_dir=str(tmp_path / "E1"), workers=1,
-                                  return_state=True)
+    state = scheduling_experiment(ExperimentRequest(experiment="E1", seeds=[42, 123], out_dir=str(tmp_path / "E1"),
+                                                    workers=1), return_state=True)
     assert state.is_completed()
     res = state.result()
     got = pd.read_csv(tmp_path / "E1" / "summary.csv")
@@ -53,7 +54,10 @@ def test_scheduling_experiment_matches_the_simulator_and_tracks_runs(prefect_ser
     fifo = want[want.scheduler == "FIFO"].iloc[0]
     assert children.iloc[0]["metrics.jct_mean/FIFO"] == pytest.approx(fifo.jct_mean)
     arts = {a.path for a in T.client().list_artifacts(res["run_id"])}
-    assert {"summary.csv", "per_seed.csv", "config.yaml", "E1.png"} <= arts
+    assert {"summary.csv", "per_seed.csv", "config.yaml", "tenants.csv", "E1.png"} <= arts
+    # the same files as `rlhfops simulate` (scheduling.request.write_experiment): tenants.csv from the ledger
+    assert {p.name for p in (tmp_path / "E1").iterdir()} == {"summary.csv", "per_seed.csv", "jobs.csv", "tenants.csv",
+                                                            "config.yaml", "E1.png"}
     with get_client(sync_client=True) as c:
         from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
@@ -69,14 +73,18 @@ def test_sweep_survives_30pct_injected_failures_with_one_run_per_unit(prefect_se
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-    from flows.simulate import scheduling_experiment_internal
+    from flows.simulate import scheduling_experiment
     from scheduling.experiments import load_experiment
+    from scheduling.request import ExperimentRequest
     from tasks.retry import fault_site
     from tasks.tracking import VARIANT_FAULT_SITES
+    from training.request import JobInternals
 
     seeds = [42, 123]
-    state = scheduling_experiment_internal(experiment="E6", seeds=seeds, out_dir=str(tmp_path / "E6"), workers=1,
-                                           fail_rate=0.3, fault_seed=3, retry_delay_s=0.01, return_state=True)
+    state = scheduling_experiment(ExperimentRequest(experiment="E6", seeds=seeds, out_dir=str(tmp_path / "E6"),
+                                                    workers=1),
+                                  internals=JobInternals(fail_rate=0.3, fault_seed=3, retry_delay_s=0.01),
+                                  return_state=True)
     assert state.is_completed(), state.message
     got = pd.read_csv(tmp_path / "E6" / "summary.csv")
     pd.testing.assert_frame_equal(got, _direct_summary("E6", seeds).reset_index(drop=True), check_dtype=False)
@@ -139,8 +147,8 @@ def test_bad_config_field_fails_the_job_before_any_slot(prefect_server, mlflow_s
     from infra import provision
 
     provision._slot_pools.clear()
-    state = rlhf_job(config="configs/ppo-tiny.yaml", overrides={"ppo.kl_coeff": 0.1}, out_dir=str(tmp_path / "j"),
-                     return_state=True)
+    state = rlhf_job(request={"config": "configs/ppo-tiny.yaml", "overrides": {"ppo.kl_coeff": 0.1},
+                              "out_root": str(tmp_path / "j")}, return_state=True)
     assert state.is_failed()
     assert "ppo.kl_coeff" in state.message and "unknown key" in state.message
     assert provision._slot_pools == {}  # no slot pool was even provisioned
@@ -218,7 +226,9 @@ def test_nightly_quick_end_to_end_mlflow_contents(prefect_server, mlflow_store, 
     state2 = N.nightly_sweep(quick=True, experiments=["E2"], seeds=[42], detectors=False, job=False, canaries=[],
                              platform=False, sweep=False, out_dir=str(tmp_path / "n2"), workers=1, return_state=True)
     assert state2.is_completed(), state2.message
-    rep = T.nightly_report(tonight_id=state2.result().run_id)
+    from infra.reporting import nightly_report
+
+    rep = nightly_report(tonight_id=state2.result().run_id)
     assert rep["last"].run_id == n.run_id
     s = rep["schedulers"]
     e2 = s[(s.experiment == "E2") & (s.metric == "jct_mean")]

@@ -1,0 +1,121 @@
+"""The nightly's inputs, all checked before any server starts or any stage runs: by `rlhfops nightly` before it
+starts the temporary Prefect server, and by the `nightly_sweep` flow as its first step (a deployment run has no
+CLI in front of it). Light on purpose: no Prefect, no torch, so a bad input is reported in about a second.
+
+Every config path resolves as every other config does (`common.config.config_path`): against the working directory,
+then the shipped `configs/`; the sweep spec's default `configs/sweeps/example.yaml` works from any directory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, get_args
+
+from common.errors import BadInput
+
+QUICK_SEEDS = [42, 123]
+FULL_SEEDS = [42, 123, 456, 789, 1024]
+#: the nightly's RLHF job: the canaries' small healthy PPO job (training/canaries.py), with a
+#: checkpoint at every eval gate so the best gated checkpoint is the one kept
+NIGHTLY_JOB_STEPS = {True: 24, False: 60}
+#: the sweep stage's spec, and its trials in a quick nightly (the spec's own count otherwise)
+NIGHTLY_SWEEP_SPEC = "configs/sweeps/example.yaml"
+QUICK_SWEEP_TRIALS = 2
+#: the stages, in the order they run (`rlhfops nightly --stages`)
+STAGES = ("matrix", "detectors", "job", "canaries", "sweep", "platform")
+
+
+@dataclass(frozen=True)
+class NightlyPlan:
+    """The checked inputs, with every default filled in."""
+
+    experiments: list[str]
+    seeds: list[int]
+    canaries: list[str]
+    canary_steps: int
+    fault_at: int
+    job_steps: int
+    platform_steps: int
+    sweep_trials: int | None
+    out: Path
+    #: the RLHF job stage's request (None: the stage is off)
+    job: Any = None
+
+
+def check_nightly(*, quick: bool = False, experiments: list[str] | None = None, seeds: list[int] | None = None,
+                  canaries: list[str] | None = None, canary_steps: int | None = None, job: bool = True,
+                  job_steps: int | None = None, job_overrides: dict[str, Any] | None = None,
+                  platform_steps: int | None = None, sweep: bool = True, sweep_spec: str = NIGHTLY_SWEEP_SPEC,
+                  sweep_trials: int | None = None, runner: str = "thread", workers: int | None = None,
+                  out_dir: str | Path = "results/nightly", cache_dir: str = "runs/.cache",
+                  mlflow_experiment: str | None = None) -> NightlyPlan:
+    """Every input of a nightly, or `BadInput` naming the parameter: the experiments, seeds, canaries, step counts,
+    runner, workers, output and cache directories, the job's config overrides, and the sweep spec (its fields, every
+    varied value against the job config, its pruner and its GPU kind's price)."""
+    from common.validate import check_out_dir, check_seed, check_workers
+    from flows.params import CanaryName
+    from infra.provision import check_runner
+    from scheduling.experiments import EXPERIMENTS
+
+    check_runner(runner)
+    check_workers(workers)
+    exps = [str(e).upper() for e in (EXPERIMENTS if experiments is None else experiments)]
+    for e in exps:
+        if e not in EXPERIMENTS:
+            raise BadInput(f"experiments: '{e}' is not one of {', '.join(EXPERIMENTS)}")
+    seed_list = list(seeds or (QUICK_SEEDS if quick else FULL_SEEDS))
+    for seed in seed_list:
+        check_seed(seed, "seeds")
+    if len(set(seed_list)) < len(seed_list):
+        raise BadInput(f"seeds: {seed_list} lists a seed twice (it would count twice in the means)")
+    known = list(get_args(CanaryName))
+    names = known if canaries is None else list(canaries)
+    for c in names:
+        if c not in known:
+            raise BadInput(f"canaries: unknown canary '{c}' (choose from: {', '.join(known)})")
+    for field, value, low in (("job_steps", job_steps, 4), ("canary_steps", canary_steps, 4),
+                              ("platform_steps", platform_steps, 2), ("sweep_trials", sweep_trials, 1)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+            raise BadInput(f"{field}: {value!r} must be a whole number >= {low}"
+                           + (" (the job gates every 4 steps)" if field == "job_steps" else ""))
+    canary_steps = canary_steps or (60 if quick else 120)
+    steps = job_steps or NIGHTLY_JOB_STEPS[quick]
+    check_out_dir(out_dir, "out_dir")
+    check_out_dir(cache_dir, "cache_dir")
+    job_request = None
+    if job:
+        job_request = nightly_job_request(steps, job_overrides, cache_dir, Path(out_dir), mlflow_experiment)
+        job_request.checked()
+    trials = sweep_trials or (QUICK_SWEEP_TRIALS if quick else None)
+    if sweep:
+        from common.config import config_path
+        from tasks.sweep import prepare
+
+        if not config_path(sweep_spec).is_file():
+            raise BadInput(f"sweep_spec: file '{sweep_spec}' not found, here or among the shipped configs "
+                           "(pass a sweep spec YAML, e.g. configs/sweeps/example.yaml)")
+        prepare(str(config_path(sweep_spec)), trials)
+    return NightlyPlan(exps, seed_list, names, canary_steps, min(8 if quick else 30, canary_steps - 2), steps,
+                       platform_steps or (12 if quick else 24), trials, Path(out_dir), job_request)
+
+
+def nightly_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
+    """The nightly job's config: the canaries' small healthy PPO job with a gate and a checkpoint every 4 steps."""
+    from training.canaries import base_config
+
+    raw = base_config(steps, 0, cache_dir)
+    raw.update(name="nightly-ppo", eval_every=4, checkpoint_every=4)
+    return raw
+
+
+def nightly_job_request(steps: int, overrides: dict[str, Any] | None, cache_dir: str, out: Path,
+                        mlflow_experiment: str | None = None):
+    """The nightly's RLHF job as a `training.request.JobRequest`: `nightly_job_config`, tenant acme, run directory
+    OUT/rlhf-job."""
+    from training.request import parse_request
+
+    fields = {"config": nightly_job_config(steps, cache_dir), "overrides": overrides or {}, "tenant": "acme",
+              "name": "nightly-ppo", "overlap": "full", "out_root": str(out), "run_dir": "rlhf-job"}
+    if mlflow_experiment is not None:
+        fields["mlflow_experiment"] = mlflow_experiment
+    return parse_request(fields, "job")
