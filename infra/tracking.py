@@ -322,13 +322,3 @@ def reap_dead_runs(experiment: str | None = None) -> list[str]:
         token = page.token
         if not token:
             return reaped
-
-
-def __getattr__(name: str) -> Any:
-    """The report moved to `infra/reporting.py`; `T.nightly_report` and `T.report_markdown` still resolve (lazily:
-    the report module imports this one)."""
-    if name in ("nightly_report", "report_markdown", "scheduler_table", "tenant_table", "compare"):
-        from infra import reporting
-
-        return getattr(reporting, name)
-    raise AttributeError(f"module 'infra.tracking' has no attribute '{name}'")

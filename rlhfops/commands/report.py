@@ -35,6 +35,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from infra import tracking as T
+        from infra.reporting import nightly_report, report_markdown
         from rlhfops.console import make_console
 
         chosen = tuple(m.strip() for m in metrics.split(",") if m.strip())
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
 
         check_out_file(out, "out")
         console = make_console()
-        rep = T.nightly_report(mlflow_experiment, tonight_id=run)
+        rep = nightly_report(mlflow_experiment, tonight_id=run)
         if rep["tonight"] is None:
             if run:
                 raise BadInput(f"--run: no nightly run '{run}' in MLflow experiment '{mlflow_experiment}'")
@@ -85,5 +86,5 @@ def register(app: typer.Typer) -> None:
             console.print(table)
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(T.report_markdown(rep, chosen))
+            out.write_text(report_markdown(rep, chosen))
             console.print(f"[green]wrote {out}[/green]")

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from common.errors import BadInput
+from infra import reporting as R
 from infra import tracking as T
 
 
@@ -89,20 +90,20 @@ def test_report_compares_tonight_with_last_night(store):
     _nightly("two-nights", "mon", {"EvalStop(k=3)+SJF": 100.0, "FIFO": 200.0}, cost=1.0)
     time.sleep(0.01)
     tue = _nightly("two-nights", "tue", {"EvalStop(k=3)+SJF": 90.0, "FIFO": 210.0}, cost=1.5)
-    rep = T.nightly_report("two-nights")
+    rep = R.nightly_report("two-nights")
     assert rep["tonight"].run_id == tue
     s = rep["schedulers"].set_index(["scheduler", "metric"])
     assert s.loc[("EvalStop(k=3)+SJF", "jct_mean"), "delta"] == pytest.approx(-10.0)
     assert s.loc[("FIFO", "jct_mean"), "last"] == pytest.approx(200.0)
     t = rep["tenants"].set_index(["tenant", "metric"])
     assert t.loc[("acme", "cost_usd"), "delta"] == pytest.approx(0.5)
-    md = T.report_markdown(rep)
+    md = R.report_markdown(rep)
     assert "EvalStop(k=3)+SJF" in md and "| acme | cost_usd |" in md
 
 
 def test_report_with_one_nightly_has_no_last(store):
     _nightly("one-night", "only", {"FIFO": 1.0}, cost=0.1)
-    rep = T.nightly_report("one-night")
+    rep = R.nightly_report("one-night")
     assert rep["last"] is None and rep["schedulers"]["last"].isna().all()
 
 
@@ -225,7 +226,7 @@ def test_k8s_template_requests_gpus_and_declares_every_placeholder():
     assert int(t["variables"]["properties"]["gpu_count"]["default"]) >= 1
 
 
-def test_prefect_yaml_declares_the_four_deployments():
+def test_prefect_yaml_declares_the_five_deployments():
     from pathlib import Path
 
     import yaml
