@@ -53,10 +53,10 @@ def check_nightly(*, quick: bool = False, experiments: list[str] | None = None, 
     runner, workers, output and cache directories, the job's config overrides, and the sweep spec (its fields, every
     varied value against the job config, its pruner and its GPU kind's price)."""
     from common.validate import check_out_dir, check_seed, check_workers
-    from flows.params import CanaryName
+    from flows.params import CanaryName, ExperimentName
     from infra.provision import check_runner
-    from scheduling.experiments import EXPERIMENTS
 
+    EXPERIMENTS = get_args(ExperimentName)  # noqa: N806 - scheduling.experiments.EXPERIMENTS, without pandas
     check_runner(runner)
     check_workers(workers)
     exps = [str(e).upper() for e in (EXPERIMENTS if experiments is None else experiments)]
