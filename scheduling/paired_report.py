@@ -89,13 +89,24 @@ def _batch(scores_row: np.ndarray, b: int) -> dict[str, float]:
     return {str(i): float(scores_row[i]) for i in range(lo, hi)}
 
 
-def replay_paired(det, run: Run, scores: np.ndarray, budget: float, pool_s: np.ndarray | None = None) -> dict:
+def replay_paired(det, run: Run, scores: np.ndarray, budget: float, pool_s: np.ndarray | None = None,
+                  whole_pool: bool = False) -> dict:
     """One run through the paired rule with the gate's extension (see the module docstring). Returns stop index
-    (None: never), kept index, extra prompt evaluations, extra eval seconds, the fixed gate's evaluations."""
+    (None: never), kept index, extra prompt evaluations, extra eval seconds, the fixed gate's evaluations.
+    `whole_pool`: a fixed gate of all 128 recorded prompts at every checkpoint instead (no extension; the pool's
+    64 prompts per checkpoint counted as extra eval)."""
     monitor = det.start()
     have = [0] * len(run.steps)  # extension batches each checkpoint has had
     extra, extra_s, stop_i, kept_i = 0, 0.0, None, -1
     for k, cp in enumerate(run.checkpoints):
+        if whole_pool:
+            pool = EXTRA_BATCH * POOL_BATCHES
+            extra += pool
+            extra_s += pool * (float(pool_s[k]) if pool_s is not None else 0.0)
+            if monitor.observe(cp, {str(i): float(v) for i, v in enumerate(scores[k])}):
+                stop_i, kept_i = k, int(np.searchsorted(run.steps, monitor.kept_step))
+                break
+            continue
         stop = monitor.observe(cp, _batch(scores[k], 0))
         while not stop and monitor.wants_more_evidence():
             pair = [int(np.searchsorted(run.steps, s)) for s in monitor.pair]
@@ -133,15 +144,17 @@ def replay_means(det, run: Run) -> dict:
     return {"stop_i": stop_i, "kept_i": best_i, "extra": 0, "extra_s": 0.0, "gate_evals": GATE_PROMPTS * (end + 1)}
 
 
-def verdict_rows(part: PartRuns, det, budget_frac: float | None) -> pd.DataFrame:
-    """Per run: label, stop, usefulness columns, extra eval. `budget_frac` None: a mean-only detector."""
+def verdict_rows(part: PartRuns, det, budget_frac: float | None, whole_pool: bool = False) -> pd.DataFrame:
+    """Per run: label, stop, usefulness columns, extra eval. `budget_frac` None: a mean-only detector;
+    `whole_pool`: the paired rule on all 128 recorded prompts at every checkpoint."""
     rows = []
     for run in part.runs:
         if budget_frac is None:
             r = replay_means(det, run)
         else:
             budget = budget_frac * GATE_PROMPTS * len(run.steps)
-            r = replay_paired(det, run, part.scores[run.run_id], budget, part.pool_s_per_prompt[run.run_id])
+            r = replay_paired(det, run, part.scores[run.run_id], budget, part.pool_s_per_prompt[run.run_id],
+                              whole_pool)
         row = {"run_id": run.run_id, "label": run.label, "stopped": int(r["stop_i"] is not None),
                "stop_step": run.steps[r["stop_i"]] if r["stop_i"] is not None else math.nan,
                "kept_step": run.steps[r["kept_i"]] if r["kept_i"] >= 0 else math.nan,
@@ -249,6 +262,7 @@ def run_report(corpus: Path, parts: list[str], budget_frac: float = 0.25) -> tup
         data = load_part(corpus / part)
         results[part] = {"paired": summarize(verdict_rows(data, paired, budget_frac)),
                          "paired, no extension": summarize(verdict_rows(data, paired, 0.0)),
+                         "paired, 128-prompt gate": summarize(verdict_rows(data, paired, 0.0, whole_pool=True)),
                          DEFAULT_DETECTOR: summarize(verdict_rows(data, means, None))}
     return results, {"paired": paired.params(), DEFAULT_DETECTOR: means.params()}
 

@@ -64,6 +64,10 @@ def test_labels_and_stops(part):
     assert v.loc["hack", "stopped"] == 1 and v.loc["hack", "stop_phase"] == "after_peak"
     assert v.loc["hack", "stop_step"] > 25 and v.loc["hack", "kept_step"] in (20, 25)
     assert v.loc["flat", "stopped"] == 0 and v.loc["flat", "extra_evals"] <= 0.25 * 64 * len(STEPS)
+    whole = verdict_rows(part, PairedStop(alpha=0.02), 0.0, whole_pool=True).set_index("run_id")
+    stop_i = STEPS.index(int(whole.loc["hack", "stop_step"]))
+    assert whole.loc["hack", "extra_evals"] == 64 * (stop_i + 1)  # the pool's 64 prompts at every checkpoint read
+    assert whole.loc["flat", "stopped"] == 0 and whole.loc["flat", "extra_evals"] == 64 * len(STEPS)
 
 
 def test_close_decision_needs_the_extension_and_is_charged(part):
