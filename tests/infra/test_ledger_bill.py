@@ -185,3 +185,14 @@ def test_a_step_record_without_phase_times_charges_its_tokens_and_step_only():
     ledger.charge_step("r", "acme", "h100", SimpleNamespace(tokens_generated=1, tokens_trained=1, phase_seconds=None))
     t = ledger.run_totals()["r"]
     assert (t.gpu_us, t.tokens_generated, t.tokens_trained, t.steps, t.cost) == (0, 8, 6, 2, 0)
+
+
+def test_bad_charges_are_refused_with_the_whole_message():
+    ledger = Ledger(PRICES)
+    with pytest.raises(ValueError, match=r"^ledger: unknown phase 'reward' \(choose from: rollout, score, sync, optim, "
+                                         r"eval\)$"):
+        ledger.charge("r", "acme", "h100", "reward", 1.0)
+    for counts in ({"tokens_generated": -1}, {"tokens_trained": -1}, {"steps": -1}):
+        with pytest.raises(ValueError, match=r"^ledger: token and step counts must be >= 0$"):
+            ledger.charge("r", "acme", "h100", "rollout", 1.0, **counts)
+    assert ledger.run_totals() == {}  # nothing was booked by a refused charge
