@@ -196,3 +196,24 @@ def test_bad_charges_are_refused_with_the_whole_message():
         with pytest.raises(ValueError, match=r"^ledger: token and step counts must be >= 0$"):
             ledger.charge("r", "acme", "h100", "rollout", 1.0, **counts)
     assert ledger.run_totals() == {}  # nothing was booked by a refused charge
+
+
+def test_tenant_costs_by_hand():
+    """tenants.csv: per experiment, variant, scheduler and tenant, the GPU-hours and cost of its simulated jobs on
+    H100 (4.00 an hour), mean over seeds."""
+    from infra.ledger import tenant_costs
+
+    def job(scheduler, seed, job_id, tenant, gpu_minutes):
+        return dict(experiment="E1", variant="v", scheduler=scheduler, seed=seed, job_id=job_id, tenant=tenant,
+                    gpus=1, eval_minutes=0.0, checkpoints=1, gpu_minutes=gpu_minutes)
+
+    rows = pd.DataFrame([job("A", 1, 0, 0, 60.0), job("A", 1, 1, 1, 30.0),  # acme 1 h, globex 0.5 h
+                         job("A", 2, 0, 0, 120.0), job("A", 2, 1, 1, 90.0),  # acme 2 h, globex 1.5 h
+                         job("B", 1, 0, 0, 6.0)])  # scheduler B: acme 0.1 h
+    got = {(r.scheduler, r.tenant): (r.gpu_hours, r.cost) for r in tenant_costs(rows, PRICES).itertuples()}
+    assert set(got) == {("A", "acme"), ("A", "globex"), ("B", "acme")}
+    assert got[("A", "acme")] == pytest.approx(((1 + 2) / 2, (4.0 + 8.0) / 2))
+    assert got[("A", "globex")] == pytest.approx(((0.5 + 1.5) / 2, (2.0 + 6.0) / 2))
+    assert got[("B", "acme")] == pytest.approx((0.1, 0.4))
+    empty = tenant_costs(rows.iloc[:0], PRICES)
+    assert empty.empty and list(empty.columns) == ["experiment", "variant", "scheduler", "tenant", "gpu_hours", "cost"]
