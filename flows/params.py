@@ -66,12 +66,16 @@ class RoundJob(BaseModel):
 
 
 def platform_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
-    """The canaries' small PPO job (training/canaries.py) with a gate and a checkpoint every 2 steps;
-    one torch thread per job so concurrent jobs share the cores instead of oversubscribing them."""
+    """The canaries' small PPO job (training/canaries.py) with a gate and a checkpoint every 2 steps; one torch
+    thread per job so concurrent jobs share the cores instead of oversubscribing them. The gate is sized for the
+    paired rule to decide: 32 held-out prompts per checkpoint (scored with the run's fixed sampling seed), and when a
+    decision is close up to 64 more from a pool of 96, 16 at a time (`eval_extra_budget`)."""
     from training.canaries import base_config
 
     raw = base_config(steps, 0, cache_dir)
-    raw.update(name="platform-ppo", eval_every=2, checkpoint_every=2)
+    raw.update(name="platform-ppo", eval_every=2, checkpoint_every=2, eval_prompts=32, eval_extra_batch=16,
+               eval_extra_budget=64)
+    raw["task"]["n_heldout_prompts"] = 96
     raw["oppo"] = {"torch_threads": 1}
     return raw
 

@@ -115,9 +115,9 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
 @flow(name="platform-round", task_runner=task_runner("thread", 8), log_prints=False)
 def platform_round(
     jobs: list[dict[str, Any]] | None = None,
-    scheduler: str = "NoisePatience+SRTF",
+    scheduler: str = "Paired+SRTF",
     slots: int = 2,
-    steps: int = 16,
+    steps: int = 24,
     gpu_kind: str = "cpu",
     alerts: str | None = None,
     alert_profile: str | None = None,
@@ -130,11 +130,12 @@ def platform_round(
     resume_paused: bool = False,
 ) -> dict[str, Any]:
     """Run a live round: `jobs` ({tenant, name, overrides, gpus?, steps_factor?}; default: five tenants) are
-    queued at once and placed on `slots` GPU worker slots by `scheduler` (any simulator name, e.g.
-    `NoisePatience+SRTF`, `Divergence+SRTF`, `EvalStop+SJF`, `FIFO`), which may also stop them at their eval gates: a
-    stopped job is paused (PAUSED_BY_GATE) with its best checkpoint kept. `resume_paused`: run only the jobs of
-    `jobs` that an earlier round in `out_dir` paused, each continued from its kept checkpoint (the scheduler's
-    detector watches the continuation afresh); the others are left as they are."""
+    queued at once and placed on `slots` GPU worker slots by `scheduler` (any simulator name, e.g. `Paired+SRTF`,
+    `NoisePatience+SRTF`, `EvalStop+SJF`, `FIFO`): its base policy places them, its detector (default the paired rule
+    on the gate's per-prompt scores) is each job's eval gate, run by the job's supervisor; a job the gate stops is
+    paused (PAUSED_BY_GATE) with its best checkpoint kept and the evidence in its record. `resume_paused`: run only
+    the jobs of `jobs` that an earlier round in `out_dir` paused, each continued from its kept checkpoint (the
+    scheduler's detector watches the continuation afresh); the others are left as they are."""
     from infra.ledger import Ledger, load_prices
     from scheduling.jobview import JobView
     from scheduling.policies import parse_scheduler

@@ -14,12 +14,12 @@ from common.errors import BadInput
 def register(app: typer.Typer) -> None:
     @app.command("platform")
     def platform_cmd(
-        scheduler: str = typer.Option("NoisePatience+SRTF", "--scheduler", help="the simulator's scheduler names: "
+        scheduler: str = typer.Option("Paired+SRTF", "--scheduler", help="the simulator's scheduler names: "
                                       "a base (FIFO, SJF-Est, SRTF-Est, LossAware, EvalSched) optionally wrapped by "
                                       "an early-stop detector, e.g. NoisePatience+SRTF, EvalStop(k=3)+SJF"),
         slots: int = typer.Option(2, "--slots", help="GPU worker slots in the pool (a Prefect global concurrency "
                                   "limit; jobs hold theirs while they train)"),
-        steps: int = typer.Option(16, "--steps", help="PPO steps per job (the 'short' job runs half)"),
+        steps: int = typer.Option(24, "--steps", help="PPO steps per job (the 'short' job runs half)"),
         jobs: Path = typer.Option(None, "--jobs", help="JSON list of jobs [{tenant, name, overrides, gpus, "
                                   "steps_factor}] (default: five tenants, one job each)"),
         out: Path = typer.Option(Path("results/platform"), "--out", help="output directory"),
