@@ -165,8 +165,9 @@ def test_every_deployment_completes_under_a_real_server_and_process_worker(stack
             # "steps": 40}'`
             "job-docs": run_deployment("rlhf-job/rlhf-job", parameters={"request": {
                 "tenant": "globex", "steps": 40, "out_root": str(tmp / "job-globex")}}, timeout=0),
-            "simulate": run_deployment("scheduling-experiment/simulate", parameters={"out_dir": str(tmp / "sim")},
-                                       timeout=0),
+            # a run's `request` replaces the deployment's (experiment E2) as a whole: name it again
+            "simulate": run_deployment("scheduling-experiment/simulate", parameters={"request": {
+                "experiment": "E2", "out_dir": str(tmp / "sim")}}, timeout=0),
             "nightly": run_deployment("nightly-sweep/nightly-sweep", parameters={
                 **NIGHTLY, "out_dir": str(tmp / "nightly"), "cache_dir": str(tmp / "cache")}, timeout=0),
         }
