@@ -225,7 +225,6 @@ class JobRequest(BaseModel):
 
 def _check(request: JobRequest) -> CheckedJob:
     from common.validate import check_out_dir
-    from eval.health import Catalog
     from training.config import resolve_config
     from training.lifecycle import JOB_DONE, paused_run
 
@@ -234,7 +233,9 @@ def _check(request: JobRequest) -> CheckedJob:
     overrides = dict(request.overrides)
     if request.steps is not None:
         overrides["steps"] = request.steps
-    cfg = resolve_config(request.config, overrides)
+    cfg = resolve_config(request.config, overrides)  # first: a config error before numpy, eval or torch is imported
+    from eval.health import Catalog
+
     if request.detector is not None:
         from eval.detectors import make_detector
 

@@ -29,7 +29,6 @@ def register(app: typer.Typer) -> None:
         """Train a policy with PPO (+ OPPO overlap); writes OUT/metrics.csv, OUT/checkpoints/, OUT/summary.json."""
         from common.validate import check_out_dir, check_out_file
         from training.request import build, job_name, parse_request
-        from training.rundir import locked_run_dir
 
         if label not in (None, 0, 1):
             raise BadInput("--label: must be 0 (healthy) or 1 (hacking)")
@@ -46,6 +45,7 @@ def register(app: typer.Typer) -> None:
 
         from rlhfops.console import make_console
         from training.lifecycle import JobHooks, run_job
+        from training.rundir import locked_run_dir
         from training.trace import export_trace
         from training.trainer import Trainer
 

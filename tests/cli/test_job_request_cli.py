@@ -109,9 +109,11 @@ def test_train_reports_a_config_error_before_importing_torch(tmp_path):
     bad.write_text("ppo: {actor_lr: 2.0}\n")
     code = ("import sys\nfrom rlhfops import cli\n"
             f"sys.argv = ['rlhfops', 'train', {str(bad)!r}, '--out', {str(tmp_path / 'run')!r}]\n"
-            "try:\n    cli.main()\nexcept SystemExit as e:\n    print('EXIT', e.code, 'torch' in sys.modules)\n")
+            "try:\n    cli.main()\nexcept SystemExit as e:\n    print('EXIT', e.code, 'torch' in sys.modules)\n"
+            "    print('HEAVY', [m for m in ('numpy', 'transformers', 'eval.health') if m in sys.modules])\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert "EXIT 2 False" in done.stdout, (done.stdout, done.stderr)
+    assert "HEAVY []" in done.stdout, done.stdout  # not even numpy: the error comes before the heavy imports
     (line,) = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert "ppo.actor_lr" in line and "<= 1" in line
     assert not (tmp_path / "run").exists()
