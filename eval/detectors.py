@@ -53,9 +53,9 @@ def calibrated_params(name: str, config: Path | None = None) -> dict[str, Any]:
     path = config or DETECTOR_CONFIG
     if not path.is_file():
         return {}
-    import yaml
+    from common.config import read_config_mapping  # the one strict reader: empty, duplicate keys, non-mapping
 
-    doc = yaml.safe_load(path.read_text()) or {}
+    doc, _ = read_config_mapping(path, "detector config")
     entry = (doc.get("detectors") or {}).get(name.lower()) or {}
     return dict(entry.get("params") or {})
 

@@ -57,14 +57,6 @@ def register_bench(bench_app: typer.Typer) -> None:
 
         from common.validate import check_out_file
         from rlhfops.console import make_console
-        from training.bench import (
-            DEFAULT_VARIANTS,
-            ablation_variants,
-            bench_oppo,
-            comparable,
-            compare_with_baseline,
-            plot_bench,
-        )
         from training.config import load_config
 
         if not 0.0 < target_frac <= 1.0:
@@ -81,6 +73,16 @@ def register_bench(bench_app: typer.Typer) -> None:
         if out is not None:
             check_out_file(out.with_suffix(".png"), "out (its .png plot)")
         cfg = load_config(config)
+        # torch: only once the config is known good, so a config error is reported in about a second
+        from training.bench import (
+            DEFAULT_VARIANTS,
+            ablation_variants,
+            bench_oppo,
+            comparable,
+            compare_with_baseline,
+            plot_bench,
+        )
+
         n_steps = steps or (30 if quick else cfg.steps)
         smooth = 5 if quick else 8
         seed_list = [cfg.seed + i for i in range(seeds)]

@@ -114,3 +114,19 @@ def test_strings_are_refused_in_overrides_and_mappings_too(tmp_path):
         load_config(Job, {"steps": "3"})
     with pytest.raises(BadInput, match=r"field 'steps'"):
         load_config(Job, {"steps": 3.5})  # no silent rounding either
+
+
+@pytest.mark.parametrize("command", [["bench", "oppo", "--config"], ["detect", "t.csv", "--config"],
+                                     ["sweep"], ["health", "t.csv", "--alerts"]])
+def test_every_command_reads_its_config_strictly_before_torch(tmp_path, command):
+    """The other commands that take a config file: the same one line for a key given twice, torch not imported."""
+    (tmp_path / "t.csv").write_text("run_id,step,eval_score\na,1,0.5\n")
+    f = tmp_path / "dup.yaml"
+    f.write_text("a: 1\nb: {c: 2}\na: 3\n")
+    probe = ("import sys\nfrom rlhfops.cli import main\n"
+             "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+             "print('torch' in sys.modules, code)\n")
+    r = subprocess.run([sys.executable, "-c", probe, *command, str(f)], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=120)
+    assert r.stdout.split() == ["False", "2"], (r.stdout, r.stderr)
+    assert "field 'a' is given twice (lines 1 and 3" in _one_line(r.stderr)
