@@ -202,10 +202,13 @@ def stage_canaries(names: list[str], steps: int, fault_at: int, cache_dir: str, 
 def nightly_sweep_spec(spec: str, out: Path, flow_run_id: str, mlflow_experiment: str) -> dict[str, Any]:
     """Tonight's copy of a sweep spec: a study of its own (the spec's name + this flow run), its trials and SQLite
     study under the nightly's output directory, so each nightly starts a fresh study and never trips over last
-    night's (a spec with a database `storage` keeps it: the name keeps the studies apart)."""
+    night's (a spec with a database `storage` keeps it: the name keeps the studies apart). Its best trial is
+    registered under the spec's own sweep model (`registered_model`, default `<spec name>-sweep`), the same every
+    night, never the nightly job's `<tenant>-policy`: a trial reaches a job's model only by `rlhfops promote`."""
     from common.config import read_config_mapping
 
     raw, path = read_config_mapping(spec, "sweep_spec")
+    raw.setdefault("registered_model", f"{raw.get('name', 'sweep')}-sweep")
     raw["name"] = f"{raw.get('name', 'sweep')}-nightly-{flow_run_id[:8]}"
     raw["out_dir"] = str(out / "sweep")
     raw["mlflow_experiment"] = mlflow_experiment  # nested under the nightly's run, so in its experiment

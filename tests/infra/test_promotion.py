@@ -252,7 +252,7 @@ def test_a_sweep_in_the_nightly_registers_under_its_own_model_and_leaves_the_job
 
     job_model = "acme-policy"
     job_version, _ = register(tmp_path, job_model, "nightly-job", pair(np.random.default_rng(8), 0.0)[1])
-    spec, ledger = prepare({"name": f"{model}-nightly"[:90], "base": BASE,
+    spec, ledger = prepare({"name": "job-and-sweep", "base": BASE,
                             "space": {"ppo.kl_coef": {"grid": [0.1]}}, "trials": 1, "tenant": "acme",
                             "out_dir": str(tmp_path / "sweep"), "mlflow_experiment": "sweeps-test"})
     tracker = MlflowSweepTracker(ledger)
@@ -268,3 +268,9 @@ def test_a_sweep_in_the_nightly_registers_under_its_own_model_and_leaves_the_job
     assert registry["model"] == sweep_model(spec) == f"{spec.name}-sweep" and registry["alias_best"]
     assert best_version(job_model) == str(job_version.version)
     assert {v.run_id for v in T.client().search_model_versions(f"name = '{job_model}'")} == {job_version.run_id}
+    # the nightly's copy of the example spec: a study of its own each night, one sweep model for every night
+    from flows.nightly import nightly_sweep_spec
+
+    tonight = nightly_sweep_spec("configs/sweeps/example.yaml", tmp_path, "0123456789abcdef", "sweeps-test")
+    assert tonight["name"] == "example-nightly-01234567" and tonight["registered_model"] == "example-sweep"
+    assert sweep_model(prepare(tonight)[0]) == "example-sweep"
