@@ -11,14 +11,13 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from common.config import config_dir, load_config
+from common.config import config_dir, config_path, load_config
 from common.errors import BadInput, describe_validation_error
 from common.validate import check_memory, set_dotted
 from scheduling.config import ExperimentConfig, simulation_memory_bytes
@@ -41,7 +40,7 @@ SUMMARY_COLUMNS = [
 def load_experiment(exp: str, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """`exp` is E1..E8 or a YAML path. Overrides apply to the raw tree before validation, so a wrong
     key or type is reported with its full path."""
-    path = CONFIG_DIR / f"{exp.upper()}.yaml" if exp.upper() in EXPERIMENTS else Path(exp)
+    path = CONFIG_DIR / f"{exp.upper()}.yaml" if exp.upper() in EXPERIMENTS else config_path(exp)
     if not path.is_file():
         raise BadInput(f"experiment '{exp}': not E1..E8 and no such file")
     cfg = load_config(ExperimentConfig, path, overrides, field="experiment")

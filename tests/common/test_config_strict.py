@@ -130,3 +130,18 @@ def test_every_command_reads_its_config_strictly_before_torch(tmp_path, command)
                        cwd=tmp_path, timeout=120)
     assert r.stdout.split() == ["False", "2"], (r.stdout, r.stderr)
     assert "field 'a' is given twice (lines 1 and 3" in _one_line(r.stderr)
+
+
+def test_configs_paths_resolve_from_any_directory_for_experiments_and_sweep_specs(tmp_path, monkeypatch):
+    """`configs/E1.yaml` and `configs/sweeps/example.yaml` (one folder deeper) name the shipped files from a directory
+    that has no configs/; a file of the user's own there wins."""
+    from common.config import config_dir, config_path
+    from scheduling.experiments import load_experiment
+
+    monkeypatch.chdir(tmp_path)
+    assert config_path("configs/sweeps/example.yaml") == config_dir() / "sweeps" / "example.yaml"
+    assert str(config_path("configs/../E1.yaml")) == "configs/../E1.yaml"  # never climbs out of the shipped folder
+    assert load_experiment("configs/E1.yaml").name == "E1"
+    (tmp_path / "configs" / "sweeps").mkdir(parents=True)
+    (tmp_path / "configs" / "sweeps" / "example.yaml").write_text("name: mine\n")
+    assert config_path("configs/sweeps/example.yaml").resolve() == tmp_path / "configs" / "sweeps" / "example.yaml"
