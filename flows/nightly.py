@@ -209,7 +209,7 @@ def nightly_sweep_spec(spec: str, out: Path, flow_run_id: str, mlflow_experiment
 
     raw, path = read_config_mapping(spec, "sweep_spec")
     raw.setdefault("registered_model", f"{raw.get('name', 'sweep')}-sweep")
-    raw["name"] = f"{raw.get('name', 'sweep')}-nightly-{flow_run_id[:8]}"
+    raw["name"] = f"{str(raw.get('name', 'sweep'))[:40]}-nightly-{flow_run_id[:8]}"  # a name of <= 57 characters
     raw["out_dir"] = str(out / "sweep")
     raw["mlflow_experiment"] = mlflow_experiment  # nested under the nightly's run, so in its experiment
     if isinstance(raw.get("base"), str) and not Path(raw["base"]).is_file() and (path.parent / raw["base"]).is_file():

@@ -19,8 +19,9 @@ still waiting when the sweep ends (budget, exception) are told FAIL with `never_
 settings are queued again (see `SweepRunner._release_queued`); a killed process leaves them RUNNING, which `resume`
 requeues like any interrupted trial. The scheduler only places trials; stopping one at a checkpoint is the pruner's.
 
-Trial execution is behind ONE function, `run_trial(job_config, observer, ...)`: the job lifecycle a trial runs. It
-is written here on today's trainer; the platform's single job lifecycle replaces its body (see its docstring).
+Trial execution is behind ONE function, `run_trial(request, observer, ...)`: each trial (and seed) is a
+`training.request.JobRequest` (`sweeps.spec.trial_request`), checked and built like every other job
+(`training.request.build`) and run through the job lifecycle (`training.lifecycle.run_job`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import Any
 from common.errors import BadInput
 from scheduling.jobview import JobView
 from scheduling.live import LiveRound
-from sweeps.spec import SweepSpec, scheduler_policy, trial_config
+from sweeps.spec import SweepSpec, scheduler_policy, trial_config, trial_request
 from training.lifecycle import JobHooks
 
 #: an observer sees each checkpoint (a step whose held-out gate ran) and may return a stop reason
@@ -68,33 +69,37 @@ class TrialOutcome:
     scores: list[dict[str, Any]] = field(default_factory=list)
 
 
-def run_trial(job_config, observer: Observer | None = None, *, out_dir: str | Path, overlap: str = "none",
-              ledger: Any = None, run_id: str = "trial", tenant: str = "acme", gpu_kind: str = "cpu",
-              gpus: int = 1) -> TrialOutcome:
-    """Train one job (`job_config`, a `training.config.TrainConfig`) through the platform's job lifecycle
-    (`training.lifecycle.run_job`, the same loop `rlhf_job` runs), score its saved checkpoints on held-out prompts
-    and keep the best. `observer(step, metrics)` is called at every checkpoint (a step whose gate ran; `metrics` is
+def run_trial(request, observer: Observer | None = None, *, checked: Any = None, ledger: Any = None,
+              run_id: str = "trial") -> TrialOutcome:
+    """Train one job (`request`, a `training.request.JobRequest`: `sweeps.spec.trial_request`; `checked`, its
+    `checked()` result when the caller has it) through the platform's job lifecycle: `training.request.build` then
+    `training.lifecycle.run_job`, the path every job takes. Its saved checkpoints are scored on held-out prompts and
+    the best is kept. `observer(step, metrics)` is called at every checkpoint (a step whose gate ran; `metrics` is
     the step's `StepRecord.flat()`) and may return a stop reason: the job stops there and keeps its best
     checkpoint (state `pruned`). Every step is charged to `ledger` (duck-typed `infra.ledger.Ledger`) under
-    `run_id` and `tenant` by the job's supervisor.
+    `run_id` and the request's tenant by the job's supervisor.
 
-    The job's supervisor runs no gate detector and no alert catalog: the sweep's pruner is the only thing that
-    stops a trial, so the `--no-prune` baseline is not cut short by another rule (an alert that pauses a run
-    would also end the observer's calls for the rest of the trial)."""
+    The job's supervisor runs no gate detector (the request names none) and an empty alert catalog: the sweep's
+    pruner is the only thing that stops a trial, so the `--no-prune` baseline is not cut short by another rule (an
+    alert that pauses a run would also end the observer's calls for the rest of the trial)."""
+    from dataclasses import replace
+
     from transformers.utils import logging as hf_logging
 
     from eval.health import Catalog
-    from training.lifecycle import JobSpec, make_supervisor, run_job
+    from training.lifecycle import run_job
+    from training.request import build
 
     hf_logging.set_verbosity_error()  # loading a checkpoint's tied lm_head prints a load report per checkpoint
-    out = Path(out_dir)
+    out = request.out_dir
     shutil.rmtree(out, ignore_errors=True)  # a trial's directory is its own: a re-run starts over
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    spec = JobSpec(tenant=tenant, name=out.name, config=job_config, run_id=run_id, out_dir=out, overlap=overlap,
-                   gpus=gpus, gpu_kind=gpu_kind, detector=None, run_through_pause=True)
+    gpus = request.gpus
     try:
-        supervisor = make_supervisor(spec, ledger=ledger, catalog=Catalog({}))
+        checked = replace(checked if checked is not None else request.checked(), catalog=Catalog({}))
+        spec, supervisor = build(request, checked, run_id=run_id, ledger=ledger, pausable=False,
+                                 run_through_pause=True)
         outcome = run_job(spec, observer, hooks=_TrialHooks(), supervisor=supervisor)
     except Exception as err:  # noqa: BLE001 - a worker that cannot start ends the trial FAILED, recorded, not lost
         return TrialOutcome(state="failed", steps=0, gpu_seconds=0.0, wall_s=time.perf_counter() - t0,
@@ -394,12 +399,12 @@ class SweepRunner:
                 slot.__enter__()
                 entered = True
             for i in range(spec.seeds_per_trial):
-                cfg = trial_config(spec, params, i, self.base_dir)
-                out = spec.run_dir / f"trial-{trial.number:04d}" / f"seed-{i}"
-                observer = self._observer(trial, i, cfg.steps, out, cfg.steps // cfg.eval_every)
-                o = self.trial_fn(cfg, observer, out_dir=out, overlap=spec.overlap,
-                                  ledger=self.ledger, run_id=res.run_id or f"{spec.name}/trial-{trial.number}",
-                                  tenant=spec.tenant, gpu_kind=spec.gpu_kind, gpus=spec.gpus_per_trial)
+                request = trial_request(spec, params, trial.number, i, self.base_dir)
+                checked = request.checked()  # the trial's config (and files) as every job checks them
+                cfg = checked.config
+                observer = self._observer(trial, i, cfg.steps, request.out_dir, cfg.steps // cfg.eval_every)
+                o = self.trial_fn(request, observer, checked=checked, ledger=self.ledger,
+                                  run_id=res.run_id or f"{spec.name}/trial-{trial.number}")
                 outcomes.append(o)
                 self._done_seeds_gpu_s[trial.number] = self._live_gpu_s[trial.number] = sum(
                     x.gpu_seconds for x in outcomes)

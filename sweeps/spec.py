@@ -30,10 +30,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from common.errors import BadInput, describe_validation_error
+from training.request import check_name, parse_request
 
 KINDS = ("grid", "choice", "uniform", "log_uniform")
+#: a sweep name's longest: its model name `<name>-sweep` is a name of at most 63 characters
+MAX_NAME = 63 - len("-sweep")
 
 
 class _Strict(BaseModel):
@@ -108,14 +112,16 @@ class PruningSpec(_Strict):
 
 
 class SweepSpec(_Strict):
-    name: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    #: the study's name, its directory and its model's (`<name>-sweep`): a job/model name (training.request.NAME_RULE)
+    name: str
     base: str | dict[str, Any]
     overrides: dict[str, Any] = Field(default_factory=dict)
     space: dict[str, ParamSpace]
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     trials: int = Field(ge=1, le=100_000)
     seeds_per_trial: int = Field(1, ge=1, le=100)
-    tenant: str = Field("acme", min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    #: whose ledger the trials are charged to: a tenant name, as in every job request (training.request.NAME_RULE)
+    tenant: str = "acme"
     concurrency: int = Field(1, ge=1, le=4096, description="GPU slots the sweep holds at once")
     gpus_per_trial: int = Field(1, ge=1, le=4096)
     gpu_kind: str = "cpu"
@@ -138,6 +144,20 @@ class SweepSpec(_Strict):
     registered_model: str | None = None
     mlflow_experiment: str = "rlhfops"
 
+    @field_validator("name", "tenant", "registered_model", mode="before")
+    @classmethod
+    def _job_name(cls, value: Any, info) -> Any:
+        if value is None and info.field_name == "registered_model":
+            return value
+        try:
+            check_name(value, f"sweep.{info.field_name}")
+            if info.field_name == "name" and len(value) > MAX_NAME:
+                raise ValueError(f"{value!r} is too long for sweep.name: give at most {MAX_NAME} characters (its "
+                                 "model, <name>-sweep, is a model name of at most 63)")
+        except ValueError as err:  # no "Value error, " prefix: the line already names the field
+            raise PydanticCustomError("sweep_name", str(err).replace("{", "{{").replace("}", "}}")) from None
+        return value
+
     @field_validator("scheduler")
     @classmethod
     def _known_scheduler(cls, name: str) -> str:
@@ -157,6 +177,12 @@ class SweepSpec(_Strict):
             raise ValueError(f"concurrency {self.concurrency} is below gpus_per_trial {self.gpus_per_trial}: "
                              "no trial could start")
         return self
+
+    @property
+    def model_name(self) -> str:
+        """The registered model the best trial goes to: `registered_model`, else `<name>-sweep`, the sweep's own
+        (a trial reaches a job's `<tenant>-policy` only through `rlhfops promote`)."""
+        return self.registered_model or f"{self.name}-sweep"
 
     @property
     def parallel_trials(self) -> int:
@@ -244,6 +270,23 @@ def trial_config(spec: SweepSpec, params: dict[str, Any], seed_index: int = 0, b
     return cfg
 
 
+def trial_request(spec: SweepSpec, params: dict[str, Any], number: int, seed_index: int = 0,
+                  base_dir: Path | None = None, source: str = ""):
+    """The `training.request.JobRequest` one trial (and seed) runs as: the base config with the spec's fixed
+    overrides, the trial's params and the seed (the base seed + the seed's index: `trial_config`), charged to the
+    spec's tenant and GPU kind, in `<out_dir>/trial-NNNN/seed-S`, with no gate detector (the sweep's pruner stops a
+    trial). `source` prefixes a field's error (`sweep`: the check before the sweep starts)."""
+    overrides = {**spec.overrides, **params}
+    if seed_index:
+        overrides["seed"] = trial_config(spec, params, seed_index, base_dir).seed
+    return parse_request({"config": resolve_base(spec, base_dir), "overrides": overrides, "tenant": spec.tenant,
+                          "name": f"trial-{number:04d}-seed-{seed_index}", "overlap": spec.overlap,
+                          "gpus": spec.gpus_per_trial, "cluster_gpus": spec.concurrency, "gpu_kind": spec.gpu_kind,
+                          "detector": None, "out_root": str(spec.run_dir),
+                          "run_dir": f"trial-{number:04d}/seed-{seed_index}", "resume": False,
+                          "mlflow_experiment": spec.mlflow_experiment}, source or f"trial-{number:04d}")
+
+
 def check_against_job(spec: SweepSpec, base_dir: Path | None = None) -> None:
     """Every varied field must exist in the job config and every listed value (both ends of a range) must make a
     valid job. Raises BadInput naming `space.<field>`."""
@@ -264,3 +307,4 @@ def check_against_job(spec: SweepSpec, base_dir: Path | None = None) -> None:
                 raise BadInput(f"space.{path}: {value!r} does not make a valid job ({err})") from None
         if path == "seed" and spec.seeds_per_trial > 1:
             raise BadInput("space.seed: the seed is varied by seeds_per_trial; do not vary it in the space too")
+    trial_request(spec, {}, 0, 0, base_dir, source="sweep")  # the job fields every trial's request takes

@@ -29,10 +29,10 @@ def sweep_key(spec) -> str:
 
 
 def sweep_model(spec) -> str:
-    """The registered model a sweep's best trial goes to: the spec's `registered_model`, else `<sweep name>-sweep`,
-    the sweep's own; never a job's model (`<tenant>-policy`) unless the spec names it: a trial reaches a job's model
-    through `rlhfops promote`, by the paired test."""
-    return spec.registered_model or f"{spec.name}-sweep"
+    """The registered model a sweep's best trial goes to (`SweepSpec.model_name`): the spec's `registered_model`,
+    else `<sweep name>-sweep`, the sweep's own; never a job's model (`<tenant>-policy`) unless the spec names it: a
+    trial reaches a job's model through `rlhfops promote`, by the paired test."""
+    return spec.model_name
 
 
 class MlflowSweepTracker:

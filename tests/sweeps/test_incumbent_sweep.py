@@ -32,9 +32,10 @@ class ScriptedTrial:
     """One GPU-second per step; at each gate the per-prompt scores go to the run directory's gate_records.csv (the
     trainer's format) before the observer is called, as in training."""
 
-    def __call__(self, cfg, observer, *, out_dir, overlap, ledger, run_id, tenant, gpu_kind, gpus):
+    def __call__(self, request, observer, *, checked, ledger, run_id):
         from training.gate import PromptRecord
 
+        cfg, out_dir = checked.config, request.out_dir
         kl = cfg.ppo.kl_coef
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

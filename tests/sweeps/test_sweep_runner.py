@@ -28,7 +28,9 @@ class ScriptedTrial:
     def __init__(self):
         self.calls: list[float] = []
 
-    def __call__(self, cfg, observer, *, out_dir, overlap, ledger, run_id, tenant, gpu_kind, gpus):
+    def __call__(self, request, observer, *, checked, ledger, run_id):
+        cfg, out_dir, tenant, gpu_kind, gpus = (checked.config, request.out_dir, request.tenant, request.gpu_kind,
+                                                request.gpus)
         kl = cfg.ppo.kl_coef
         self.calls.append(kl)
         records, scores = [], []

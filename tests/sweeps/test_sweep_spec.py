@@ -77,6 +77,29 @@ def test_bad_spec_exits_2_naming_the_field_before_anything_starts(path, value, e
     assert not (tmp_path / "mlflow.db").exists()  # no MLflow run
 
 
+@pytest.mark.parametrize("field,value", [("tenant", "Acme.Corp"), ("name", "KL.lr"), ("tenant", ""),
+                                         ("registered_model", "../x"), ("name", "n" * 58)])
+def test_a_name_the_job_rule_refuses_exits_2_naming_the_sweep_field(field, value, tmp_path, monkeypatch, capsys):
+    """Tenant, sweep name and model name follow the job request's name rule (a tenant `Acme.Corp` or a 58-character
+    name, whose model `<name>-sweep` is 64 characters, would make job or model names the platform refuses)."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    spec = {**GOOD, field: value, "out_dir": str(tmp_path / "sweep")}
+    f = tmp_path / "spec.yaml"
+    f.write_text(yaml.safe_dump(spec))
+    code, err = _run_cli(["sweep", str(f)], monkeypatch, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and f"field '{field}'" in lines[0] and f"sweep.{field}" in lines[0], err
+    assert not (tmp_path / "sweep").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_name_the_job_rule_takes_makes_a_valid_spec():
+    from sweeps.spec import parse_spec
+
+    spec = parse_spec({**GOOD, "tenant": "acme-corp_2", "name": "n" * 57})
+    assert spec.tenant == "acme-corp_2" and spec.model_name == "n" * 57 + "-sweep"
+
+
 def test_trials_flag_below_one_exits_2(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")

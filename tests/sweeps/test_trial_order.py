@@ -30,7 +30,8 @@ class ScriptedTrial:
     def __init__(self):
         self.calls: list[tuple[int, int, int]] = []  # (trial number, steps, max_new_tokens)
 
-    def __call__(self, cfg, observer, *, out_dir, overlap, ledger, run_id, tenant, gpu_kind, gpus):
+    def __call__(self, request, observer, *, checked, ledger, run_id):
+        cfg, out_dir = checked.config, request.out_dir
         number = int(re.search(r"trial-(\d+)", str(out_dir)).group(1))
         self.calls.append((number, cfg.steps, cfg.ppo.max_new_tokens))
         return TrialOutcome("completed", steps=cfg.steps, gpu_seconds=float(cfg.steps), wall_s=0.0, best_step=cfg.steps,
