@@ -82,8 +82,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "detector-frontier": ("simulate", "In hindsight, the most useful stops every shape of the selection grid "
                           "reaches on a corpus split at each number of calibration-fleet runs stopped ..."),
     "detect": ("detect", "Replay every run of a trace through a detector; write verdicts; print useful recall, "
-               "false-stop rate, quality kept and precision/recall/FPR if labelled. With --calibrate, recalibrate "
-               "instead."),
+               "false-stop rate, quality kept and precision/recall/FPR if labelled. With --prompts, the paired rule "
+               "on per-prompt scores. With --calibrate, recalibrate instead."),
     "health": ("health", "Run the run-health alert catalog over every run of a trace; write an alerts CSV; print a "
                "table."),
     "bench": ("bench", "Benchmarks; each writes a JSON with every figure measured."),
