@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from common.config import config_dir, config_path, load_config
 from common.errors import BadInput
+from training.request import check_gpu_kind
 
 #: wall-clock phases of one step (same names as training.metrics.PHASES; a test keeps them equal)
 PHASES = ("rollout", "score", "sync", "optim", "eval")
@@ -110,10 +111,7 @@ class Ledger:
         """Add GPU time (GPU-seconds: wall seconds x GPUs) and counts to one run's phase."""
         if phase not in PHASES:
             raise ValueError(f"ledger: unknown phase '{phase}' (choose from: {', '.join(PHASES)})")
-        if gpu_kind not in self.prices.gpu_hour:
-            raise BadInput(
-                f"ledger: gpu kind '{gpu_kind}' has no price (add it under gpu_hour in configs/prices.yaml)"
-            )
+        check_gpu_kind(gpu_kind, self.prices.gpu_hour, field="ledger.gpu_kind")  # the one price check
         if not math.isfinite(gpu_seconds) or gpu_seconds < 0:
             raise ValueError(f"ledger: gpu_seconds must be finite and >= 0, got {gpu_seconds}")
         if min(tokens_generated, tokens_trained, steps) < 0:

@@ -77,7 +77,8 @@ def test_charge_step_from_a_trainer_record():
 
 def test_bad_input():
     ledger = Ledger(PRICES)
-    with pytest.raises(BadInput, match="gpu kind 'tpu'"):
+    with pytest.raises(BadInput, match=r"^ledger\.gpu_kind: 'tpu' has no price \(priced: a100, h100, l4; add it under "
+                                       r"gpu_hour in configs/prices\.yaml\)$"):
         ledger.charge("r", "acme", "tpu", "rollout", 1.0)
     with pytest.raises(ValueError, match="unknown phase"):
         ledger.charge("r", "acme", "h100", "warmup", 1.0)
