@@ -200,20 +200,39 @@ def test_bad_charges_are_refused_with_the_whole_message():
 
 def test_tenant_costs_by_hand():
     """tenants.csv: per experiment, variant, scheduler and tenant, the GPU-hours and cost of its simulated jobs on
-    H100 (4.00 an hour), mean over seeds."""
+    H100, mean over seeds; rows in the order the schedulers come (the experiment's), not sorted. Prices other than the
+    shipped ones (H100 at 3.00, tenants north/south), so a ledger that ignored them would show."""
     from infra.ledger import tenant_costs
+
+    prices = PriceTable(gpu_hour={"h100": "3.00"}, tenants=["north", "south"])
 
     def job(scheduler, seed, job_id, tenant, gpu_minutes):
         return dict(experiment="E1", variant="v", scheduler=scheduler, seed=seed, job_id=job_id, tenant=tenant,
                     gpus=1, eval_minutes=0.0, checkpoints=1, gpu_minutes=gpu_minutes)
 
-    rows = pd.DataFrame([job("A", 1, 0, 0, 60.0), job("A", 1, 1, 1, 30.0),  # acme 1 h, globex 0.5 h
-                         job("A", 2, 0, 0, 120.0), job("A", 2, 1, 1, 90.0),  # acme 2 h, globex 1.5 h
-                         job("B", 1, 0, 0, 6.0)])  # scheduler B: acme 0.1 h
-    got = {(r.scheduler, r.tenant): (r.gpu_hours, r.cost) for r in tenant_costs(rows, PRICES).itertuples()}
-    assert set(got) == {("A", "acme"), ("A", "globex"), ("B", "acme")}
-    assert got[("A", "acme")] == pytest.approx(((1 + 2) / 2, (4.0 + 8.0) / 2))
-    assert got[("A", "globex")] == pytest.approx(((0.5 + 1.5) / 2, (2.0 + 6.0) / 2))
-    assert got[("B", "acme")] == pytest.approx((0.1, 0.4))
-    empty = tenant_costs(rows.iloc[:0], PRICES)
+    rows = pd.DataFrame([job("B", 1, 0, 0, 6.0),  # scheduler B first: north 0.1 h
+                         job("A", 1, 0, 0, 60.0), job("A", 1, 1, 1, 30.0),  # north 1 h, south 0.5 h
+                         job("A", 2, 0, 0, 120.0), job("A", 2, 1, 1, 90.0)])  # north 2 h, south 1.5 h
+    out = tenant_costs(rows, prices)
+    assert list(zip(out.scheduler, out.tenant, strict=True)) == [("B", "north"), ("A", "north"), ("A", "south")]
+    got = {(r.scheduler, r.tenant): (r.gpu_hours, r.cost) for r in out.itertuples()}
+    assert got[("A", "north")] == pytest.approx(((1 + 2) / 2, (3.0 + 6.0) / 2))
+    assert got[("A", "south")] == pytest.approx(((0.5 + 1.5) / 2, (1.5 + 4.5) / 2))
+    assert got[("B", "north")] == pytest.approx((0.1, 0.3))
+    empty = tenant_costs(rows.iloc[:0], prices)
     assert empty.empty and list(empty.columns) == ["experiment", "variant", "scheduler", "tenant", "gpu_hours", "cost"]
+
+
+def test_tenant_costs_default_to_the_shipped_prices():
+    """Without a price table, tenants.csv is priced from configs/prices.yaml (read here with plain YAML)."""
+    import yaml
+
+    from common.config import config_dir
+    from infra.ledger import tenant_costs
+
+    shipped = yaml.safe_load((config_dir() / "prices.yaml").read_text())
+    rows = pd.DataFrame([dict(experiment="E", variant="v", scheduler="S", seed=0, job_id=0, tenant=0, gpus=2,
+                              eval_minutes=0.0, checkpoints=1, gpu_minutes=90.0)])
+    (row,) = tenant_costs(rows).itertuples()
+    assert row.tenant == shipped["tenants"][0] and row.gpu_hours == pytest.approx(1.5)
+    assert row.cost == pytest.approx(1.5 * float(shipped["gpu_hour"]["h100"]))
