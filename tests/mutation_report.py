@@ -6,7 +6,8 @@
 Reads what `mutmut results --all true` reports for the modules of `[tool.mutmut] only_mutate` (pyproject.toml),
 prints the table, and rewrites the part of docs/testing.md between the two `mutation-report` markers: per module
 the mutants killed / survived / without a covering test / not yet run and the score (killed / checked); then every
-survivor with its diff (`mutmut show`) and its explanation from tests/mutation_equivalents.toml, or UNEXPLAINED.
+survivor with its diff (`mutmut show`) and its explanation from tests/mutation_equivalents.toml, or UNEXPLAINED; the
+functions no selected test reaches ("no tests"), once each, explained under `<function name>*`.
 Exit code 1 when a checked module has an unexplained survivor (so the nightly can say so), else 0.
 
 Not a test (pytest collects `test_*.py` only) and no project import: it reads mutmut's results.
@@ -26,10 +27,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "testing.md"
 EQUIVALENTS = ROOT / "tests" / "mutation_equivalents.toml"
 START, END = "<!-- mutation-report:start -->", "<!-- mutation-report:end -->"
-#: mutmut's statuses that mean a test noticed the mutant
-DETECTED = {"killed", "timeout", "segfault", "caught by type check"}
+#: mutmut's statuses that mean a test noticed the mutant (a timeout is counted apart: on a loaded machine a slow but
+#: correct run can time out too, so it is not counted as killed)
+DETECTED = {"killed", "segfault", "caught by type check"}
 LINE = re.compile(r"^\s+(?P<name>\S+__mutmut_\d+): (?P<status>.+?)\s*$")
 MODULE = re.compile(r"^(?P<module>.+?)\.x(?:_|ǁ)")
+FUNCTION = re.compile(r"__mutmut_\d+$")
 
 
 def mutmut() -> Path:
@@ -54,8 +57,8 @@ def show(name: str) -> str:
 
 
 def table(by_module: dict[str, Counter], order: list[str]) -> list[str]:
-    rows = ["| module | mutants | killed | survived | no covering test | not run | score (killed / checked) |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = ["| module | mutants | killed | timeout | survived | no test | not run | score (killed / checked) |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for mod in order:
         c = by_module.get(mod, Counter())
         total = sum(c.values())
@@ -63,7 +66,8 @@ def table(by_module: dict[str, Counter], order: list[str]) -> list[str]:
         not_run = c["not checked"] + c["skipped"]
         checked = total - not_run
         score = f"{killed / checked:.1%}" if checked else "not run"
-        rows.append(f"| `{mod}` | {total} | {killed} | {c['survived']} | {c['no tests']} | {not_run} | {score} |")
+        rows.append(f"| `{mod}` | {total} | {killed} | {c['timeout']} | {c['survived']} | {c['no tests']} | {not_run} "
+                    f"| {score} |")
     return rows
 
 
@@ -82,14 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     explained = tomllib.loads(EQUIVALENTS.read_text()).get("mutant", {}) if EQUIVALENTS.is_file() else {}
 
     lines = table(by_module, order)
-    survivors = sorted(n for n, st in status.items() if st in ("survived", "no tests")
-                       and (m := MODULE.match(n)) and m.group("module") in order)
+    ours = {n: st for n, st in status.items() if (m := MODULE.match(n)) and m.group("module") in order}
+    survivors = sorted(n for n, st in ours.items() if st == "survived")
+    # mutants no selected test reaches, per function (one explanation per function: `<function>*` in the file)
+    uncovered: dict[str, int] = Counter(FUNCTION.sub("", n) for n, st in ours.items() if st == "no tests")
     unexplained = [n for n in survivors if n not in explained]
-    lines += ["", f"Survivors: {len(survivors)} ({len(survivors) - len(unexplained)} explained, "
-                  f"{len(unexplained)} unexplained)."]
+    unexplained += [f for f in uncovered if f"{f}*" not in explained]
+    lines += ["", f"Survivors: {len(survivors)}; functions no selected test reaches: {len(uncovered)} "
+                  f"({sum(uncovered.values())} mutants); unexplained: {len(unexplained)}."]
+    for func, n in sorted(uncovered.items()):
+        why = explained.get(f"{func}*", {}).get("why", "UNEXPLAINED")
+        lines += ["", f"**`{func}`** ({n} mutants, no selected test reaches it): {why}"]
     for name in survivors:
         why = explained.get(name, {}).get("why", "UNEXPLAINED")
-        lines += ["", f"**`{name}`** ({status[name]}): {why}", "", "```diff", show(name), "```"]
+        lines += ["", f"**`{name}`** (survived): {why}", "", "```diff", show(name), "```"]
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
