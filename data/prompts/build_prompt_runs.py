@@ -9,8 +9,9 @@ Each run writes `<work>/<run>.trace.csv` (one row per checkpoint, Trace-CSV form
 (one row per prompt and checkpoint: the `eval.prompt_records` format); the trace file is written last and marks the
 run done. Runs are grouped by seed (one task per seed and half, so a seed's warm start is built once per process);
 `--deadline S` starts no run after S seconds (the finished runs are kept, the rest are left for another call).
-`--assemble` merges the finished runs: the tune part into `data/prompts/tune/` (traces.csv, prompts.csv.gz) and the
-report part, unread, into `data/sealed/prompts_report/`, printing only run ids and row counts for it.
+`--assemble` merges the finished runs: the tune part into `data/prompts/tune/` (traces.csv, prompts.csv.gz), the
+report part into `data/prompts/report/` (recorded into `data/sealed/prompts_report/` and unread until the paired
+rule and its defaults were committed), printing run and row counts.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ EXTRA_BATCH = 32
 TUNE_SEEDS = (56, 57, 58, 59)
 REPORT_SEEDS = tuple(range(60, 72))
 TUNE_DIR = REPO / "data" / "prompts" / "tune"
-SEALED_DIR = REPO / "data" / "sealed" / "prompts_report"
+#: the report part was recorded into data/sealed/prompts_report/ and moved here once the paired rule and its defaults
+#: were committed (eval/paired.py at b05e9aa: alpha 0.02, margin 0, min_prompts 10, warmup 0)
+REPORT_DIR = REPO / "data" / "prompts" / "report"
 
 _GAME = {"kind": "gameable_reward", "bonus": 0.5}
 #: (name, overrides) as declared; half "a" is the first five, half "b" the last five (each 3 plain + 2 gameable)
@@ -209,7 +212,7 @@ def _concat(paths: list[Path], out: Path, gz: bool) -> int:
 
 
 def assemble(work: Path) -> int:
-    for part, seeds, dest in (("tune", TUNE_SEEDS, TUNE_DIR), ("report", REPORT_SEEDS, SEALED_DIR)):
+    for part, seeds, dest in (("tune", TUNE_SEEDS, TUNE_DIR), ("report", REPORT_SEEDS, REPORT_DIR)):
         runs = grid(seeds)
         have = [rid for rid, _, _ in runs if _file(work, rid, "trace").exists()]
         if not have:
