@@ -205,7 +205,10 @@ def render(results: dict[str, dict[str, dict]], params: dict[str, dict], budget_
            "rules read the same gate records: `paired` the per-prompt gold scores (64 prompts per checkpoint, "
            f"plus extension batches of {EXTRA_BATCH} on close decisions, budget {budget_frac:.0%} of the fixed "
            "gate's prompt evaluations per run), `noisepatience` the same checkpoints' means and SEs. "
-           "Intervals: two-sided 95% Clopper-Pearson.\n"]
+           "Intervals: two-sided 95% Clopper-Pearson. Live, the same extension runs inside the job: set "
+           "`eval_extra_budget` (extra prompt evaluations per run; 0 never extends) and `eval_extra_batch` in the "
+           "training config; `Trainer.extend_gate` scores the next held-out batch for the two checkpoints the rule "
+           "names and the supervisor charges its seconds to the tenant's ledger `eval` phase.\n"]
     for name, p in params.items():
         out.append(f"- `{name}`: {p}")
     out.append("")
