@@ -100,8 +100,10 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
                             "pause_evidence": json.dumps(verdict.get("evidence"), default=float)[:5000]
                             if verdict.get("evidence") else ""})
         T.finish(run_id, "FAILED" if status.failure else "FINISHED")
-    # a job its gate paused (the supervisor's verdict) was stopped at that checkpoint, resumable
-    decision = "stopped" if outcome.decision in ("stopped", "paused") else outcome.decision
+    # a job its gate paused (the supervisor's verdict) was stopped at that checkpoint, resumable; an alert that
+    # paged keeps its own decision
+    gate_paused = outcome.decision == "paused" and status.state.value == "PAUSED_BY_GATE"
+    decision = "stopped" if outcome.decision == "stopped" or gate_paused else outcome.decision
     stopped_at = outcome.records[-1]["step"] if decision == "stopped" and outcome.records else None
     return {"tenant": tenant, "job": request.name, "gpus": request.gpus, "decision": decision,
             "pause_evidence": json.dumps(verdict.get("evidence"), default=float) if verdict.get("evidence") else "",
