@@ -59,7 +59,7 @@ app = typer.Typer(
 # Modules under rlhfops/commands that define `register(app)`. Order is the order in --help.
 COMMAND_MODULES: list[str] = [
     "simulate", "detect", "health", "bench", "train", "canary", "nightly", "report", "traces", "platform",
-    "resume", "sweep", "promote", "stack",
+    "resume", "sweep", "promote", "paired_report", "stack",
 ]
 
 
@@ -104,6 +104,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
               "the platform's ..."),
     "promote": ("promote", "Promote a registered version to a model's best alias only if it beats the current best "
                 "by the paired test on the same held-out prompts and gate ..."),
+    "paired-report": ("paired_report", "Replay the per-prompt corpus through the paired rule (with the gate's "
+                      "extension batches) and the mean-only default on the same records ..."),
     "stack": ("stack", "A local PostgreSQL-backed stack: Prefect server, MLflow server, Optuna storage."),
 }
 

@@ -1,7 +1,7 @@
 """The paired, anytime-valid stop rule (`eval/paired.py`) against the mean-only default (`NoisePatience`) on the
 per-prompt corpus (`data/prompts/`, declared in its DECLARATION.md): the same runs, the same gate records.
 
-    python -m scheduling.paired_report --corpus data/prompts --parts tune,report --out docs/detectors.md
+    rlhfops paired-report --corpus data/prompts --parts tune,report --out docs/detectors.md
 
 Per run, the paired rule sees at every checkpoint the gate's own 64 per-prompt gold scores (held-out batch 0). When
 it is undecided and its point estimate says decline (`wants_more_evidence`), the replay gives it the next recorded
@@ -21,10 +21,8 @@ stops); extra eval (extension prompt evaluations / the fixed gate's prompt evalu
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -200,7 +198,7 @@ def _pct(x: float) -> str:
 
 def render(results: dict[str, dict[str, dict]], params: dict[str, dict], budget_frac: float, note: str = "") -> str:
     out = [BEGIN, "## The paired rule on the per-prompt corpus (data/prompts/)\n",
-           "Written by `python -m scheduling.paired_report --corpus data/prompts` (scheduling/paired_report.py). "
+           "Written by `rlhfops paired-report --corpus data/prompts --out docs/detectors.md` (scheduling/paired_report.py). "
            "The runs, their labels and the tune/report split are declared in data/prompts/DECLARATION.md; both "
            "rules read the same gate records: `paired` the per-prompt gold scores (64 prompts per checkpoint, "
            f"plus extension batches of {EXTRA_BATCH} on close decisions, budget {budget_frac:.0%} of the fixed "
@@ -285,33 +283,15 @@ def acceptance(q_paired: dict, q_means: dict, budget_frac: float) -> str:
     return "; ".join(f"{name}: {'met' if ok else 'NOT met'} ({val})" for name, ok, val in checks)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--corpus", type=Path, default=Path("data/prompts"))
-    ap.add_argument("--parts", default="tune,report")
-    ap.add_argument("--budget", type=float, default=0.25, help="extension budget per run, fraction of the gate")
-    ap.add_argument("--out", type=Path, default=None, help="markdown file whose paired-corpus section to replace")
-    args = ap.parse_args(argv)
-    parts = [p for p in args.parts.split(",") if p]
-    for p in parts:
-        if not (args.corpus / p / "traces.csv").is_file():
-            print(f"error: --corpus: {args.corpus / p} has no traces.csv (parts: {', '.join(parts)})",
-                  file=sys.stderr)
-            return 2
-    if not 0.0 <= args.budget <= 10.0:
-        print("error: --budget: a fraction of the gate's prompt evaluations in 0..10", file=sys.stderr)
-        return 2
-    results, params = run_report(args.corpus, parts, args.budget)
+def report(corpus: Path, parts: list[str], budget_frac: float = 0.25, out: Path | None = None) -> str:
+    """The table with each part's acceptance line; with `out`, its section of that markdown file is replaced.
+    Inputs are checked by the caller (`rlhfops paired-report`)."""
     from eval.detectors import DEFAULT_DETECTOR
 
+    results, params = run_report(corpus, parts, budget_frac)
     note = "\n\n".join(f"Acceptance on `{part}` (the issue's bars): "
-                       + acceptance(r["paired"], r[DEFAULT_DETECTOR], args.budget) for part, r in results.items())
-    text = render(results, params, args.budget, note)
-    print(text)
-    if args.out:
-        write_section(args.out, text)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+                       + acceptance(r["paired"], r[DEFAULT_DETECTOR], budget_frac) for part, r in results.items())
+    text = render(results, params, budget_frac, note)
+    if out is not None:
+        write_section(out, text)
+    return text
