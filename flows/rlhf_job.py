@@ -157,7 +157,8 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
         log_job_plots(run_id, records, out, job)
         run.close(metrics=job_metrics, tags=tags,
                   artifacts=[str(out / "config.resolved.yaml"), str(ledger_csv), str(out / "scores.json"),
-                             str(out / "metrics.csv")],
+                             str(out / "metrics.csv")]
+                  + ([str(out / "gate_records.csv")] if (out / "gate_records.csv").is_file() else []),
                   status="FAILED" if status.state is RunState.FAILED else "FINISHED")
         (out / JOB_DONE).write_text(json.dumps({**job_record(outcome), "tenant": tenant, "name": name,
                                                 "detector": request.detector, "overlap": request.overlap,

@@ -281,5 +281,7 @@ def register(app: typer.Typer) -> None:
         if replay:
             head, sep, tail = text.partition("## Verdict")
             text = head + replay + "\n" + sep + tail
-        out.write_text(text)
+        from scheduling.paired_report import keep_section
+
+        out.write_text(keep_section(out, text))
         console.print(f"[green]wrote {out}[/]")
