@@ -198,7 +198,8 @@ def _pct(x: float) -> str:
 
 def render(results: dict[str, dict[str, dict]], params: dict[str, dict], budget_frac: float, note: str = "") -> str:
     out = [BEGIN, "## The paired rule on the per-prompt corpus (data/prompts/)\n",
-           "Written by `rlhfops paired-report --corpus data/prompts --out docs/detectors.md` (scheduling/paired_report.py). "
+           "Written by `rlhfops paired-report --corpus data/prompts --out docs/detectors.md` "
+           "(scheduling/paired_report.py). "
            "The runs, their labels and the tune/report split are declared in data/prompts/DECLARATION.md; both "
            "rules read the same gate records: `paired` the per-prompt gold scores (64 prompts per checkpoint, "
            f"plus extension batches of {EXTRA_BATCH} on close decisions, budget {budget_frac:.0%} of the fixed "
