@@ -82,6 +82,12 @@ def test_bad_spec_exits_2_naming_the_field_before_anything_starts(path, value, e
 def test_a_name_the_job_rule_refuses_exits_2_naming_the_sweep_field(field, value, tmp_path, monkeypatch, capsys):
     """Tenant, sweep name and model name follow the job request's name rule (a tenant `Acme.Corp` or a 58-character
     name, whose model `<name>-sweep` is 64 characters, would make job or model names the platform refuses)."""
+    from sweeps.runner import SweepRunner
+
+    def accepted(self, *a, **k):
+        raise AssertionError("the spec was accepted and the sweep started")
+
+    monkeypatch.setattr(SweepRunner, "run", accepted)  # a wrong acceptance fails at once, without training
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     spec = {**GOOD, field: value, "out_dir": str(tmp_path / "sweep")}
