@@ -31,7 +31,8 @@ def test_sweep_flow_runs_trials_on_slots_and_publishes_the_report(prefect_server
     assert summary["trials_done"] == 2 and {t["state"] for t in summary["trials"]} <= {"completed", "pruned"}
     parent = T.client().get_run(summary["mlflow_run_id"])
     assert parent.data.tags[T.FLOW_RUN_TAG] == str(state.state_details.flow_run_id)
-    mv = T.client().get_model_version_by_alias("globex-policy", "best")
+    # the best trial goes to the sweep's own model (<name>-sweep), never the tenant's job model
+    mv = T.client().get_model_version_by_alias("flow-sweep-sweep", "best")
     assert mv.run_id == summary["trials"][[t["number"] for t in summary["trials"]].index(summary["best"]["number"])][
         "run_id"]
     # every trial's steps were charged to the tenant's ledger: a cost per child run, the ledger CSV on the parent
