@@ -74,6 +74,16 @@ def test_delta_trace_equals_algorithm_1_on_random_rewards(rule, seed):
     assert [c.update(r) for r in rewards] == algorithm1(rewards, init, lo, hi, w, rule)
 
 
+def test_delta_windows_are_the_last_w_and_the_w_before_on_a_longer_history():
+    """Line 22 reads the last W rewards and the W before them, however many are kept: a controller resumed from the
+    state of one with a longer window (5 kept rewards, W = 2 now) compares [5, 5] with [1, 1], not the older ones.
+    By hand: rewards -10, -10, 5, 5, 1 then 1: d = mean(1, 1) - mean(5, 5) = -4: Delta 8 - max(1, 8 // 4) = 6."""
+    c = DeltaController(delta_init=8, delta_min=0, delta_max=12, window=2)
+    c.load_state_dict({"delta": 8, "rewards": [-10.0, -10.0, 5.0, 5.0, 1.0]})
+    assert c.update(1.0) == 6
+    assert c.state_dict() == {"delta": 6, "rewards": [1.0, 1.0]}  # line 26: the last W kept
+
+
 def test_a_nan_reward_is_not_a_step_of_the_window():
     c = DeltaController(delta_init=8, delta_min=0, delta_max=12, window=2)
     with_nan = [1, math.nan, 1, 2, math.nan, 2]  # the same four rewards as [1, 1, 2, 2]: one update, to 10
