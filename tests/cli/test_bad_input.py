@@ -11,24 +11,18 @@ issue-11 audit (and this branch's own sweep) found; the rest guard the neighbour
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_helpers import run_cli
+from cli_helpers import tripwire as _tripwire
 
 from common.errors import BadInput
-from rlhfops import cli
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-class WorkStarted(BaseException):
-    """Raised by the tripwires: the command got past validation and started real work."""
-
-
-def _tripwire(*_a, **_k):
-    raise WorkStarted
 
 
 @pytest.fixture
@@ -88,17 +82,6 @@ def trace_csv(d: Path, name: str, extra_rows: list[str], header: str = "run_id,s
     return name
 
 
-def run_cli(args: list[str], capsys, monkeypatch) -> tuple[int, list[str]]:
-    monkeypatch.setattr(sys, "argv", ["rlhfops", *map(str, args)])
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except WorkStarted:
-        pytest.fail(f"{args}: passed validation and started work")
-    err = capsys.readouterr().err
-    return code, [ln for ln in err.splitlines() if ln.strip()]
 
 
 # (case id, files to write: fn(dir) -> None or None, argv, substrings the one stderr line must contain)

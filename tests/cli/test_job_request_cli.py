@@ -12,18 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import WorkStarted, run_cli
+from cli_helpers import tripwire as _tripwire
 
 from rlhfops import cli
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-class WorkStarted(BaseException):
-    """Raised by the tripwires: the command got past validation."""
-
-
-def _tripwire(*_a, **_k):
-    raise WorkStarted
 
 
 @pytest.fixture
@@ -40,17 +36,6 @@ def scratch(tmp_path, monkeypatch):
     return tmp_path
 
 
-def run_cli(args: list[str], capsys, monkeypatch) -> tuple[int, list[str]]:
-    monkeypatch.setattr(sys, "argv", ["rlhfops", *map(str, args)])
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except WorkStarted:
-        pytest.fail(f"{args}: passed validation and started work")
-    err = capsys.readouterr().err
-    return code, [ln for ln in err.splitlines() if ln.strip()]
 
 
 def _jobs(d: Path, jobs) -> str:
