@@ -378,7 +378,7 @@ def paired_verdicts(det: PairedStop, runs: list, records: Mapping[str, tuple[np.
     columns of `eval.traces.usefulness`."""
     import pandas as pd
 
-    from eval.traces import usefulness
+    from eval.traces import verdict_row
 
     rows = []
     for run in runs:
@@ -398,17 +398,5 @@ def paired_verdicts(det: PairedStop, runs: list, records: Mapping[str, tuple[np.
                 break
         if stop_i is None:
             kept_i = best_i
-        end = stop_i if stop_i is not None else len(run.checkpoints) - 1
-        row = {
-            "run_id": run.run_id,
-            "stopped": int(stop_i is not None),
-            "stop_step": run.steps[stop_i] if stop_i is not None else math.nan,
-            "best_step": run.steps[kept_i] if kept_i >= 0 else math.nan,
-            "best_eval_score": run.sign * run.checkpoints[kept_i].eval_score if kept_i >= 0 else math.nan,
-            "final_eval_score": run.sign * run.checkpoints[end].eval_score,
-        }
-        if run.label is not None:
-            row["label"] = run.label
-        row.update(usefulness(run, stop_i, kept_i))
-        rows.append(row)
+        rows.append(verdict_row(run, stop_i, kept_i))
     return pd.DataFrame(rows)

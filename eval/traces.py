@@ -225,7 +225,7 @@ def check_columns(detector: Detector, df: pd.DataFrame, source: str) -> None:
 
 def verdicts(detector: Detector, runs: list[Run]) -> pd.DataFrame:
     """Replay each run through a fresh monitor: where it would stop, which checkpoint it keeps, and how
-    useful the stop was (the columns after the DESIGN ones; see `USEFULNESS`)."""
+    useful the stop was (the columns after the contract's verdict columns; see `USEFULNESS`)."""
     rows = []
     for run in runs:
         monitor = detector.start()
@@ -236,23 +236,29 @@ def verdicts(detector: Detector, runs: list[Run]) -> pd.DataFrame:
             if monitor.observe(cp):
                 stop_i = i
                 break
-        end = stop_i if stop_i is not None else len(run.checkpoints) - 1
-        row = {
-            "run_id": run.run_id,
-            "stopped": int(stop_i is not None),
-            "stop_step": run.steps[stop_i] if stop_i is not None else math.nan,
-            "best_step": run.steps[best_i] if best_i >= 0 else math.nan,
-            "best_eval_score": run.sign * best if best_i >= 0 else math.nan,
-            "final_eval_score": run.sign * run.checkpoints[end].eval_score,
-        }
-        if run.label is not None:
-            row["label"] = run.label
-        row.update(usefulness(run, stop_i, best_i))
-        rows.append(row)
+        rows.append(verdict_row(run, stop_i, best_i))
     return pd.DataFrame(rows)
 
 
-#: what the columns after the DESIGN verdict columns mean
+def verdict_row(run: Run, stop_i: int | None, kept_i: int) -> dict:
+    """One run's row of the verdicts CSV: where it stopped (`stop_i`, None: never), the checkpoint it keeps
+    (`kept_i`, -1: none), its final score, the label when known and the usefulness columns."""
+    end = stop_i if stop_i is not None else len(run.checkpoints) - 1
+    row = {
+        "run_id": run.run_id,
+        "stopped": int(stop_i is not None),
+        "stop_step": run.steps[stop_i] if stop_i is not None else math.nan,
+        "best_step": run.steps[kept_i] if kept_i >= 0 else math.nan,
+        "best_eval_score": run.sign * run.checkpoints[kept_i].eval_score if kept_i >= 0 else math.nan,
+        "final_eval_score": run.sign * run.checkpoints[end].eval_score,
+    }
+    if run.label is not None:
+        row["label"] = run.label
+    row.update(usefulness(run, stop_i, kept_i))
+    return row
+
+
+#: what the columns after the contract's verdict columns (docs/ARCHITECTURE.md) mean
 USEFULNESS = {
     "stop_phase": "none (not stopped), before_peak (before the gold peak: quality still to gain), "
                   "after_peak (at or after the peak and before the last checkpoint: the useful stop), "
