@@ -33,3 +33,11 @@ def describe_validation_error(err: ValidationError, source: str = "config") -> s
     more = len(err.errors()) - 1
     suffix = f" (+{more} more)" if more else ""
     return f"{source}: field '{loc}': {msg}{suffix}"
+
+
+def validated(model: type, data: object, source: str):
+    """`model.model_validate(data)`, or `BadInput` with pydantic's report as one line: `source: field.path: problem`."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise BadInput(describe_validation_error(err, source=source)) from None

@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from pydantic import ValidationError
 
 from common.config import config_dir, config_path, load_config
-from common.errors import BadInput, describe_validation_error
+from common.errors import BadInput, validated
 from common.validate import check_memory, set_dotted
 from scheduling.config import ExperimentConfig, simulation_memory_bytes
 from scheduling.engine import simulate
@@ -66,10 +65,7 @@ def variant_config(cfg: ExperimentConfig, variant: str) -> ExperimentConfig:
     tree = cfg.model_dump()
     for key, value in v.set.items():
         set_dotted(tree, key, copy.deepcopy(value))
-    try:
-        return ExperimentConfig.model_validate(tree)
-    except ValidationError as err:
-        raise BadInput(describe_validation_error(err, source=f"{cfg.name} variant '{variant}'")) from None
+    return validated(ExperimentConfig, tree, f"{cfg.name} variant '{variant}'")
 
 
 def scale(cfg: ExperimentConfig, jobs: int | None = None, gpus: int | None = None) -> ExperimentConfig:
@@ -85,10 +81,7 @@ def scale(cfg: ExperimentConfig, jobs: int | None = None, gpus: int | None = Non
         for v in tree["variants"]:
             if "workload.gpus" in v["set"]:
                 v["set"]["workload.gpus"] = gpus
-    try:
-        return ExperimentConfig.model_validate(tree)
-    except ValidationError as err:
-        raise BadInput(describe_validation_error(err, source="jobs/gpus")) from None
+    return validated(ExperimentConfig, tree, "jobs/gpus")
 
 
 @dataclass

@@ -79,14 +79,9 @@ class ExperimentRequest(BaseModel):
     @classmethod
     def build(cls, **fields: Any) -> ExperimentRequest:
         """The request from keyword fields, or `BadInput` naming the field (the CLI's and the tests' way in)."""
-        from pydantic import ValidationError
+        from common.errors import validated
 
-        from common.errors import describe_validation_error
-
-        try:
-            return cls.model_validate(fields)
-        except ValidationError as err:
-            raise BadInput(describe_validation_error(err, source="experiment request")) from None
+        return validated(cls, fields, "experiment request")
 
 
 @dataclass

@@ -32,7 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from common.errors import BadInput, describe_validation_error
+from common.errors import BadInput, describe_validation_error, validated
 from training.request import check_name, parse_request
 
 KINDS = ("grid", "choice", "uniform", "log_uniform")
@@ -230,10 +230,7 @@ def _error_field(err: ValidationError) -> str:
 
 
 def parse_spec(raw: dict[str, Any], source: str = "sweep spec") -> SweepSpec:
-    try:
-        return SweepSpec.model_validate(raw)
-    except ValidationError as err:
-        raise BadInput(describe_validation_error(err, source=source)) from None
+    return validated(SweepSpec, raw, source)
 
 
 def load_spec(path: str | Path, trials: int | None = None) -> SweepSpec:
