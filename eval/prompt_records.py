@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from common.errors import BadInput
+from eval.traces import read_user_csv
 
 REQUIRED = ("run_id", "step", "prompt_id", "gold_score")
 OPTIONAL = ("seed", "proxy_score", "response_len", "batch")
@@ -48,22 +49,7 @@ def load_prompt_records(path: str | Path, complete: bool = True) -> pd.DataFrame
     `complete`) a step that lacks a prompt its run's other steps have."""
     path = Path(path)
     where = f"prompts '{path}'"
-    if not path.is_file():
-        raise BadInput(f"{where}: no such file")
-    try:
-        df = pd.read_csv(path, dtype={"run_id": str, "prompt_id": str}, keep_default_na=False, na_values=[""])
-    except UnicodeDecodeError as err:
-        raise BadInput(f"{where}: not UTF-8 text (byte 0x{err.object[err.start]:02x}; save the file as UTF-8)") \
-            from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-        raise BadInput(f"{where}: not a readable CSV ({str(err).splitlines()[0]})") from None
-    df.columns = [str(c).strip() for c in df.columns]
-    missing = [c for c in REQUIRED if c not in df.columns]
-    if missing:
-        raise BadInput(f"{where}: missing required column(s) {', '.join(missing)} "
-                       f"(need {', '.join(REQUIRED)}; found: {', '.join(df.columns)})")
-    if df.empty:
-        raise BadInput(f"{where}: no rows")
+    df = read_user_csv(path, where, REQUIRED, text_columns=("run_id", "prompt_id"))
     for col in ("run_id", "prompt_id"):
         empty = df[col].isna().to_numpy()
         if empty.any():

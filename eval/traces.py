@@ -83,26 +83,33 @@ class Run:
     peak_step: float = math.nan
 
 
+def read_user_csv(path: Path, where: str, required, text_columns=()) -> pd.DataFrame:
+    """A user's CSV as a frame, or `BadInput` naming `where` and the fix: the file exists, is UTF-8 and parses, has
+    the `required` columns and a row. Only an empty cell is missing: a spelled-out "nan" stays text so it can be
+    told apart; `text_columns` are read as strings."""
+    if not path.is_file():
+        raise BadInput(f"{where}: no such file")
+    try:
+        df = pd.read_csv(path, dtype={c: str for c in text_columns}, keep_default_na=False, na_values=[""])
+    except UnicodeDecodeError as err:
+        raise BadInput(f"{where}: not UTF-8 text (byte 0x{err.object[err.start]:02x}; save the file as UTF-8)") \
+            from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise BadInput(f"{where}: not a readable CSV ({str(err).splitlines()[0]})") from None
+    df.columns = [str(c).strip() for c in df.columns]
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise BadInput(f"{where}: missing required column(s) {', '.join(missing)} "
+                       f"(need {', '.join(required)}; found: {', '.join(df.columns)})")
+    if df.empty:
+        raise BadInput(f"{where}: no rows")
+    return df
+
+
 def load_trace(path: str | Path) -> pd.DataFrame:
     """Read and validate a trace; returns rows sorted by (run_id, step)."""
     path = Path(path)
-    if not path.is_file():
-        raise BadInput(f"trace '{path}': no such file")
-    try:
-        # only an empty cell is missing: a spelled-out "nan" stays text so it can be told apart (module docstring)
-        df = pd.read_csv(path, dtype={"run_id": str, "tenant": str}, keep_default_na=False, na_values=[""])
-    except UnicodeDecodeError as err:
-        raise BadInput(f"trace '{path}': not UTF-8 text (byte 0x{err.object[err.start]:02x}; save the file as "
-                       "UTF-8)") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-        raise BadInput(f"trace '{path}': not a readable CSV ({str(err).splitlines()[0]})") from None
-    df.columns = [c.strip() for c in df.columns]
-    missing = [c for c in REQUIRED if c not in df.columns]
-    if missing:
-        raise BadInput(f"trace '{path}': missing required column(s) {', '.join(missing)} "
-                       f"(need run_id, step, eval_score; found: {', '.join(df.columns)})")
-    if df.empty:
-        raise BadInput(f"trace '{path}': no rows")
+    df = read_user_csv(path, f"trace '{path}'", REQUIRED, text_columns=("run_id", "tenant"))
     if df["run_id"].isna().any():
         row = int(np.flatnonzero(df["run_id"].isna().to_numpy())[0]) + 2
         raise BadInput(f"trace '{path}': column 'run_id' is empty on line {row}")
