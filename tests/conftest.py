@@ -112,6 +112,23 @@ def mlflow_store(tmp_path, monkeypatch):
     return T.init_store()
 
 
+@pytest.fixture(scope="module")
+def module_mlflow_store(tmp_path_factory):
+    """One SQLite MLflow store for a test module (creating one runs MLflow's migrations: seconds each on 2 loaded
+    cores); its tests keep apart by their own registered model (`model_name`) or run keys."""
+    from infra import tracking as T
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}")
+        yield T.init_store()
+
+
+@pytest.fixture()
+def model_name(request) -> str:
+    """A registered-model name of the test's own."""
+    return f"policy-{request.node.name}"[:200].replace("[", "-").replace("]", "")
+
+
 class StopThirdEarly:
     """A gate detector: a monitor says stop at its third checkpoint if that checkpoint is at step <= 6. Each
     `start()` is a fresh monitor, so a resumed run's gate only stops on checkpoints seen after the resume."""

@@ -21,17 +21,13 @@ RLHFOPS = [sys.executable, "-m", "rlhfops.cli"]
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """One store for the module (creating one runs MLflow's migrations: seconds each on 2 loaded cores); every
-    test uses its own registered model."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}")
-        yield T.init_store()
+def store(module_mlflow_store):
+    return module_mlflow_store
 
 
 @pytest.fixture()
-def model(request) -> str:
-    return f"policy-{request.node.name}"[:200].replace("[", "-").replace("]", "")
+def model(model_name) -> str:
+    return model_name
 
 
 def _checkpoint(tmp_path: Path, name: str) -> str:

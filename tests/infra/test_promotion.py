@@ -79,15 +79,13 @@ def test_evidence_round_trips_through_tags():
 
 # ------------------------------------------------------------------------------------------ on a real registry
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}")
-        yield T.init_store()
+def store(module_mlflow_store):
+    return module_mlflow_store
 
 
 @pytest.fixture()
-def model(request) -> str:
-    return f"policy-{request.node.name}"[:200].replace("[", "-").replace("]", "")
+def model(model_name) -> str:
+    return model_name
 
 
 def register(tmp_path, model: str, job: str, evidence: Evidence | None, run_state: str = "SUCCEEDED"):
