@@ -84,12 +84,10 @@ def run_canary(canary: Canary, steps: int, fault_at: int, cache_dir: str, catalo
     (`training.lifecycle.run_job`). A fault canary stops as soon as its expected alert fired (proof obtained); the
     control runs in full."""
     from eval.states import RunState
-    from eval.supervisor import RunSupervisor
-    from training.lifecycle import JobHooks, run_job
+    from training.lifecycle import JobHooks, make_supervisor, run_job
 
     spec = canary_spec(canary, steps, fault_at, cache_dir)
-    sup = RunSupervisor(spec.run_id, spec.tenant, catalog.start(tenant=spec.tenant), ledger=ledger, metrics=metrics,
-                        gpu_kind=spec.gpu_kind)
+    sup = make_supervisor(spec, ledger=ledger, metrics=metrics, catalog=catalog)
     fired_at = math.nan
 
     class CanaryHooks(JobHooks):
