@@ -113,9 +113,9 @@ def mlflow_store(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def module_mlflow_store(tmp_path_factory):
+def store(tmp_path_factory):
     """One SQLite MLflow store for a test module (creating one runs MLflow's migrations: seconds each on 2 loaded
-    cores); its tests keep apart by their own registered model (`model_name`) or run keys."""
+    cores); its tests keep apart by their own registered model (`model`) or run keys."""
     from infra import tracking as T
 
     with pytest.MonkeyPatch.context() as mp:
@@ -124,7 +124,7 @@ def module_mlflow_store(tmp_path_factory):
 
 
 @pytest.fixture()
-def model_name(request) -> str:
+def model(request) -> str:
     """A registered-model name of the test's own."""
     return f"policy-{request.node.name}"[:200].replace("[", "-").replace("]", "")
 

@@ -20,14 +20,6 @@ from infra import tracking as T
 RLHFOPS = [sys.executable, "-m", "rlhfops.cli"]
 
 
-@pytest.fixture(scope="module")
-def store(module_mlflow_store):
-    return module_mlflow_store
-
-
-@pytest.fixture()
-def model(model_name) -> str:
-    return model_name
 
 
 def _checkpoint(tmp_path: Path, name: str) -> str:

@@ -78,14 +78,6 @@ def test_evidence_round_trips_through_tags():
 
 
 # ------------------------------------------------------------------------------------------ on a real registry
-@pytest.fixture(scope="module")
-def store(module_mlflow_store):
-    return module_mlflow_store
-
-
-@pytest.fixture()
-def model(model_name) -> str:
-    return model_name
 
 
 def register(tmp_path, model: str, job: str, evidence: Evidence | None, run_state: str = "SUCCEEDED"):
