@@ -4,12 +4,12 @@ prompt), non-numeric or non-finite score, missing column) is one line naming it,
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from cli_helpers import run_cli_output as run_cli
 
 from common.errors import BadInput
 from eval.prompt_records import load_prompt_records, paired_matrix
@@ -106,19 +106,6 @@ def test_partial_records_when_asked(tmp_path):
 
 
 # --------------------------------------------------------------------------- through the CLI
-
-
-def run_cli(args: list, capsys, monkeypatch) -> tuple[int, str, str]:
-    from rlhfops import cli
-
-    monkeypatch.setattr(sys, "argv", ["rlhfops", *map(str, args)])
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_detect_prompts_stops_the_fall_and_keeps_its_peak(tmp_path, capsys, monkeypatch):

@@ -18,7 +18,8 @@ def tripwire(*_a, **_k):
     raise WorkStarted
 
 
-def run_cli(args: list[str], capsys, monkeypatch) -> tuple[int, list[str]]:
+def run_cli_output(args: list, capsys, monkeypatch) -> tuple[int, str, str]:
+    """`rlhfops ARGS` in this process: its exit code, stdout and stderr."""
     monkeypatch.setattr(sys, "argv", ["rlhfops", *map(str, args)])
     try:
         cli.main()
@@ -27,5 +28,11 @@ def run_cli(args: list[str], capsys, monkeypatch) -> tuple[int, list[str]]:
         code = exc.code if isinstance(exc.code, int) else 1
     except WorkStarted:
         pytest.fail(f"{args}: passed validation and started work")
-    err = capsys.readouterr().err
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def run_cli(args: list, capsys, monkeypatch) -> tuple[int, list[str]]:
+    """`rlhfops ARGS` in this process: its exit code and its non-empty stderr lines."""
+    code, _out, err = run_cli_output(args, capsys, monkeypatch)
     return code, [ln for ln in err.splitlines() if ln.strip()]
