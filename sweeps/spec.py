@@ -125,6 +125,8 @@ class SweepSpec(_Strict):
     concurrency: int = Field(1, ge=1, le=4096, description="GPU slots the sweep holds at once")
     gpus_per_trial: int = Field(1, ge=1, le=4096)
     gpu_kind: str = "cpu"
+    #: the price table YAML every trial is checked against and charged with (empty: configs/prices.yaml)
+    prices: str | None = None
     overlap: Literal["none", "intra", "inter", "full"] = "none"
     #: which queued trial takes a freed slot: a base policy of `scheduling.policies` (FIFO: Optuna's ask order;
     #: SJF-Est: the smallest estimated trial first). A detector-wrapped name (EvalStop+SJF) is refused: the sweep's
@@ -279,7 +281,7 @@ def trial_request(spec: SweepSpec, params: dict[str, Any], number: int, seed_ind
     return parse_request({"config": resolve_base(spec, base_dir), "overrides": overrides, "tenant": spec.tenant,
                           "name": f"trial-{number:04d}-seed-{seed_index}", "overlap": spec.overlap,
                           "gpus": spec.gpus_per_trial, "cluster_gpus": spec.concurrency, "gpu_kind": spec.gpu_kind,
-                          "detector": None, "out_root": str(spec.run_dir),
+                          "prices": spec.prices, "detector": None, "out_root": str(spec.run_dir),
                           "run_dir": f"trial-{number:04d}/seed-{seed_index}", "resume": False,
                           "mlflow_experiment": spec.mlflow_experiment}, source or f"trial-{number:04d}")
 

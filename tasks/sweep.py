@@ -128,7 +128,8 @@ class MlflowSweepTracker:
 
 def prepare(spec_path: str | Path | dict, trials: int | None = None, prices: str | None = None):
     """The spec, checked, and a ledger priced for its GPU kind: everything is validated here, before any study is
-    opened or slot taken. Raises BadInput naming the field."""
+    opened or slot taken. Raises BadInput naming the field. `prices` (a price table YAML) replaces the spec's own
+    `prices`: every trial's request names it, so each trial is checked against it and charged with it."""
     from common.errors import BadInput
     from infra.ledger import Ledger, load_prices
     from sweeps.runner import check_pruning
@@ -144,8 +145,10 @@ def prepare(spec_path: str | Path | dict, trials: int | None = None, prices: str
     else:
         spec = load_spec(spec_path, trials)
     check_pruning(spec)
-    table = load_prices(prices)
-    check_gpu_kind(spec.gpu_kind, table.gpu_hour, prices=prices)
+    if prices is not None:
+        spec = spec.model_copy(update={"prices": prices})
+    table = load_prices(spec.prices)
+    check_gpu_kind(spec.gpu_kind, table.gpu_hour, prices=spec.prices)
     if trials is not None and trials < 1:
         raise BadInput("trials: must be >= 1")
     return spec, Ledger(table)

@@ -170,3 +170,31 @@ def test_resume_extends_and_reruns_only_interrupted_trials(tmp_path, mlflow_stor
     assert len(fake.calls) - before == 1  # only the requeued setting ran; the two finished trials did not
     assert fake.calls[-1] == dead.params["ppo.kl_coef"]
     assert summary["trials_done"] == 3
+
+
+def test_custom_prices_check_and_charge_every_trial(tmp_path, mlflow_store):
+    """`prepare(prices=...)`: every trial's request is checked against that table (a GPU kind priced only there is
+    accepted) and charged at its price: per-trial cost = the trial's GPU-seconds (counted here) x the custom price."""
+    from infra import tracking as T
+
+    prices = tmp_path / "prices.yaml"
+    prices.write_text('currency: USD\ngpu_hour:\n  tpu-x: "7.20"\ntenants: [acme]\n')
+    seen: list[tuple[str, dict]] = []
+    fake = ScriptedTrial()
+
+    def trial(request, observer, *, checked, ledger, run_id):
+        seen.append((request.prices, dict(checked.gpu_hour)))
+        return fake(request, observer, checked=checked, ledger=ledger, run_id=run_id)
+
+    from tasks.sweep import prepare, run_sweep
+
+    spec, ledger = prepare(spec_dict(tmp_path, gpu_kind="tpu-x", space={"ppo.kl_coef": {"grid": [HACK, HEALTHY]}},
+                                     trials=2), prices=str(prices))
+    summary = run_sweep(spec, ledger, trial_fn=trial)
+    assert summary["trials_failed"] == 0 and len(seen) == 2
+    assert all(p == str(prices) and table == {"tpu-x": "7.20"} for p, table in seen)
+    kids = T.client().search_runs([T.experiment_id("sweeps-test")],
+                                  f"tags.`mlflow.parentRunId` = '{summary['mlflow_run_id']}'")
+    gpu_s = {HACK: 8 * GPU_S_PER_STEP, HEALTHY: 12 * GPU_S_PER_STEP}  # pruned at step 8; ran all 12 steps
+    assert {float(r.data.params["ppo.kl_coef"]): r.data.metrics["cost_usd"] for r in kids} == pytest.approx(
+        {kl: s / 3600 * 7.20 for kl, s in gpu_s.items()})
