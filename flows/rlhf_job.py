@@ -184,9 +184,10 @@ def log_job_plots(run_id: str, records: list[dict], out: Path, job: str) -> None
 
 
 def mlflow_run_url(run_id: str, experiment: str) -> str:
-    """Where the job's run opens in the MLflow UI (`MLFLOW_UI_URL`, default the `mlflow ui` address)."""
-    base = os.environ.get("MLFLOW_UI_URL", "http://127.0.0.1:5000").rstrip("/")
-    return f"{base}/#/experiments/{T.experiment_id(experiment)}/runs/{run_id}"
+    """Where the job's run opens in the MLflow UI (`MLFLOW_UI_URL`, default the `mlflow ui` address), in its "Model
+    training" view (`infra.tracking.ui_url`)."""
+    base = os.environ.get("MLFLOW_UI_URL")
+    return T.ui_url(**({"base": base} if base else {}), experiment=experiment, run_id=run_id)
 
 
 def job_artifact(summary: dict[str, Any], experiment: str) -> None:
