@@ -172,18 +172,32 @@ def print_summary(console, res, process: dict, uri: str, prefect_api: str | None
     console.print(table)
     console.print("Where to look:")
     console.print(f"  report      {res.out_dir}/report.md  (or `rlhfops report`)")
-    for line in server_hints(uri, prefect_api):
+    for line in server_hints(uri, prefect_api, run_link(uri, res.run_id)):
         console.print(f"  {line}", markup=False, highlight=False)
 
 
-def server_hints(uri: str, prefect_api: str | None) -> list[str]:
+def run_link(uri: str, run_id: str, experiment: str | None = None) -> str:
+    """The nightly's run in the MLflow UI, in its "Model training" view (`infra.tracking.ui_url`): on the tracking
+    server itself (`uri` http...), else where `mlflow ui` serves a local store (`MLFLOW_UI_URL`, default its own
+    address)."""
+    from infra import tracking as T
+
+    base = uri if uri.startswith(("http://", "https://")) else os.environ.get("MLFLOW_UI_URL")
+    return T.ui_url(**({"base": base} if base else {}), experiment=experiment or T.DEFAULT_EXPERIMENT,
+                    run_id=run_id)
+
+
+def server_hints(uri: str, prefect_api: str | None, link: str | None = None) -> list[str]:
     """Where the MLflow and Prefect UIs of this run are: the servers it used. A tracking server (http...) is named
-    as it is; a local store gets the `mlflow ui` command that opens it. A configured Prefect API is named (its UI
-    is the URL without /api); on the temporary server, which stopped with the run, the hint says how to keep one."""
+    as it is; a local store gets the `mlflow ui` command that opens it; `link` (`run_link`), the nightly's run
+    there. A configured Prefect API is named (its UI is the URL without /api); on the temporary server, which
+    stopped with the run, the hint says how to keep one."""
     if uri.startswith(("http://", "https://")):
-        mlflow = f"MLflow UI   {uri}"
+        mlflow = f"MLflow UI   {link or uri}"
     else:
         mlflow = f"MLflow UI   mlflow ui --backend-store-uri {uri}   (store: {uri.removeprefix('sqlite:///')})"
+        if link:
+            mlflow += f", then {link}"
     if prefect_api:
         prefect = f"Prefect UI  {prefect_api.rstrip('/').removesuffix('/api')}   (API {prefect_api})"
     else:
