@@ -10,44 +10,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hand_workloads import hand_workload
 
 from scheduling.engine import simulate
 from scheduling.jobview import JobView
 from scheduling.metrics import job_table, summarize
 from scheduling.policies import FIFO, EvalSched, LossAware, SJFEst, SRTFEst, parse_scheduler
-from scheduling.workload import JOB_TYPES, Workload
 
 # tiny workloads: a runaway (a preemption ping-pong grows the event heap without end) fails in seconds, not minutes
 pytestmark = pytest.mark.memory_cap(1)
 
 BOTH_PATHS = pytest.mark.parametrize("coalesce", [True, False], ids=["coalesced", "eager"])
-
-
-def workload(jobs: list[dict]) -> Workload:
-    """Jobs as dicts: arrival, gpus, duration, est, eval_minutes, type, hacking, and `cps`: per checkpoint
-    (progress, eval, loss) or (progress, eval, loss, noise-free eval)."""
-    n = len(jobs)
-    cp_start = np.zeros(n + 1, dtype=np.int64)
-    cp_start[1:] = np.cumsum([len(j["cps"]) for j in jobs])
-    flat = [c for j in jobs for c in j["cps"]]
-    return Workload(
-        arrival=np.array([j["arrival"] for j in jobs], float),
-        job_type=np.array([JOB_TYPES.index(j.get("type", "rlhf")) for j in jobs], np.int8),
-        tenant=np.array([j.get("tenant", 0) for j in jobs], np.int16),
-        gpus=np.array([j.get("gpus", 1) for j in jobs], np.int32),
-        duration=np.array([j["duration"] for j in jobs], float),
-        eval_minutes=np.array([j.get("eval_minutes", 0.0) for j in jobs], float),
-        hacking=np.array([j.get("hacking", False) for j in jobs], bool),
-        peak_progress=np.full(n, np.nan),
-        cp_start=cp_start,
-        cp_progress=np.array([c[0] for c in flat], float),
-        cp_eval=np.array([c[1] for c in flat], float),
-        cp_loss=np.array([c[2] for c in flat], float),
-        cp_reward=np.linspace(0.0, 1.0, len(flat)),
-        cp_clean=np.array([c[3] if len(c) > 3 else c[1] for c in flat], float),
-        eval_se=np.full(n, 0.02),
-        est_duration=np.array([j.get("est", j["duration"]) for j in jobs], float),
-    )
 
 
 def one_cp(**job) -> dict:
@@ -73,7 +46,7 @@ FIFO_SJF_JOBS = [one_cp(arrival=0.0, duration=10.0, est=10.0, eval_minutes=1.0),
 @pytest.mark.parametrize("policy, ends", [(FIFO(), [11.0, 15.0, 24.0]), (SJFEst(), [11.0, 24.0, 20.0])],
                          ids=["FIFO", "SJF-Est"])
 def test_fifo_and_sjf_order_two_waiting_jobs(policy, ends, coalesce):
-    wl = workload(FIFO_SJF_JOBS)
+    wl = hand_workload(FIFO_SJF_JOBS)
     res = simulate(wl, policy, gpus=1, coalesce=coalesce)
     assert res.end.tolist() == pytest.approx(ends)
     assert res.preemptions.tolist() == [0, 0, 0]
@@ -85,7 +58,7 @@ def test_fifo_and_sjf_order_two_waiting_jobs(policy, ends, coalesce):
 def test_sjf_ties_go_to_the_earlier_arrival(coalesce):
     jobs = [one_cp(arrival=0.0, duration=10.0, est=10.0), one_cp(arrival=1.0, duration=3.0, est=5.0),
             one_cp(arrival=2.0, duration=8.0, est=5.0)]
-    res = simulate(workload(jobs), SJFEst(), gpus=1, coalesce=coalesce)
+    res = simulate(hand_workload(jobs), SJFEst(), gpus=1, coalesce=coalesce)
     assert res.end.tolist() == pytest.approx([10.0, 13.0, 21.0])
 
 
@@ -101,7 +74,7 @@ def test_sjf_ties_go_to_the_earlier_arrival(coalesce):
                                                          (18.0, [20.0, 24.0], [0, 0], 20.0)])
 def test_srtf_preempts_only_on_a_strictly_shorter_remaining_estimate(est, ends, preempted, busy_a, coalesce):
     jobs = [one_cp(arrival=0.0, duration=20.0, est=20.0), one_cp(arrival=5.0, duration=4.0, est=est)]
-    res = simulate(workload(jobs), SRTFEst(), gpus=1, overhead=2.0, coalesce=coalesce)
+    res = simulate(hand_workload(jobs), SRTFEst(), gpus=1, overhead=2.0, coalesce=coalesce)
     assert res.end.tolist() == pytest.approx(ends)
     assert res.preemptions.tolist() == preempted
     assert res.busy[0] == pytest.approx(busy_a)
@@ -121,7 +94,7 @@ LOSS_JOBS = [dict(arrival=0.0, duration=40.0, est=40.0, cps=quarters([0.5] * 4, 
 
 @BOTH_PATHS
 def test_loss_aware_gives_the_gpu_to_the_faster_improving_job(coalesce):
-    res = simulate(workload(LOSS_JOBS), LossAware(), gpus=1, overhead=2.0, coalesce=coalesce)
+    res = simulate(hand_workload(LOSS_JOBS), LossAware(), gpus=1, overhead=2.0, coalesce=coalesce)
     assert res.end.tolist() == pytest.approx([62.0, 84.0])
     assert res.preemptions.tolist() == [1, 1]
     assert res.busy.tolist() == pytest.approx([20.0 + 22.0, 20.0 + 22.0])
@@ -154,7 +127,7 @@ def test_loss_aware_rank_by_hand():
 def test_evalsched_sends_a_post_peak_job_behind_every_other(third, ends, preempted, coalesce):
     jobs = [dict(arrival=0.0, duration=40.0, est=40.0, cps=quarters([0.5, 0.6, third, 0.5])),
             dict(arrival=5.0, duration=20.0, est=100.0, cps=[(0.5, 0.4, 1.0), (1.0, 0.5, 0.9)])]
-    res = simulate(workload(jobs), EvalSched(), gpus=1, overhead=2.0, coalesce=coalesce)
+    res = simulate(hand_workload(jobs), EvalSched(), gpus=1, overhead=2.0, coalesce=coalesce)
     assert res.end.tolist() == pytest.approx(ends)
     assert res.preemptions.tolist() == preempted
 
@@ -190,7 +163,7 @@ STOP_JOBS = [dict(arrival=0.0, gpus=2, duration=40.0, eval_minutes=3.0, cps=quar
 
 @BOTH_PATHS
 def test_early_stop_wrapper_saved_compute_with_eval_minutes(coalesce):
-    wl = workload(STOP_JOBS)
+    wl = hand_workload(STOP_JOBS)
     res = simulate(wl, parse_scheduler("StopAt0.5+FIFO"), gpus=2, coalesce=coalesce)
     assert res.end.tolist() == pytest.approx([26.0, 50.0])
     assert res.stopped.tolist() == [True, False]
@@ -211,7 +184,7 @@ def test_early_stop_wrapper_saved_compute_with_eval_minutes(coalesce):
 @BOTH_PATHS
 def test_early_stop_at_the_last_checkpoint_saves_nothing(coalesce):
     # StopAt1 fires at A's final checkpoint: stopped (it keeps its best, not its final model) but nothing is saved
-    wl = workload(STOP_JOBS[:1])
+    wl = hand_workload(STOP_JOBS[:1])
     res = simulate(wl, parse_scheduler("StopAt1+FIFO"), gpus=2, coalesce=coalesce)
     assert res.stopped.tolist() == [True] and res.end.tolist() == pytest.approx([52.0])
     assert res.saved_minutes.tolist() == [0.0]
@@ -226,7 +199,7 @@ TIE = quarters([0.5, 0.7, 0.7, 0.4], clean=[0.5, 0.7, 0.6, 0.4])
 
 @BOTH_PATHS
 def test_simulator_best_checkpoint_tie_goes_to_the_earlier(coalesce):
-    wl = workload([dict(arrival=0.0, duration=40.0, cps=TIE, hacking=True)])
+    wl = hand_workload([dict(arrival=0.0, duration=40.0, cps=TIE, hacking=True)])
     finished = simulate(wl, FIFO(), gpus=1, coalesce=coalesce)
     assert finished.best_index.tolist() == [1] and finished.best_eval.tolist() == [0.7]
     assert finished.end_index.tolist() == [3]
@@ -245,7 +218,7 @@ def test_simulator_best_checkpoint_tie_goes_to_the_earlier(coalesce):
 @BOTH_PATHS
 def test_true_peak_tie_goes_to_the_earlier_checkpoint(coalesce):
     # noise-free evals 0.5, 0.7, 0.7, 0.4: the true peak is index 1; a stop at index 2 is one checkpoint late
-    wl = workload([dict(arrival=0.0, duration=40.0, hacking=True,
+    wl = hand_workload([dict(arrival=0.0, duration=40.0, hacking=True,
                         cps=quarters([0.5, 0.7, 0.6, 0.4], clean=[0.5, 0.7, 0.7, 0.4]))])
     res = simulate(wl, parse_scheduler("StopAt0.75+FIFO"), gpus=1, coalesce=coalesce)
     jobs = job_table(wl, res)

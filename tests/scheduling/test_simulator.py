@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hand_workloads import hand_workload
 
 from scheduling.config import NoiseConfig, WorkloadConfig
 from scheduling.engine import simulate
@@ -12,37 +13,10 @@ from scheduling.experiments import aggregate, load_experiment, run_units, units_
 from scheduling.jobview import InformationBoundaryError, JobView
 from scheduling.metrics import job_table, summarize
 from scheduling.policies import FIFO, EarlyStop, Policy, SRTFEst, parse_scheduler
-from scheduling.workload import JOB_TYPES, Workload, _noise, checkpoint_grid, generate
+from scheduling.workload import JOB_TYPES, _noise, checkpoint_grid, generate
 
 # the engine's preemption loop is where a bug once grew a test process to ~15 GB: fail such a test at once
 pytestmark = pytest.mark.memory_cap(4)
-
-
-def hand_workload(jobs: list[dict]) -> Workload:
-    """Jobs given as dicts: arrival, type, gpus, duration, evals (list of (progress, eval, loss)), hacking."""
-    n = len(jobs)
-    counts = [len(j["evals"]) for j in jobs]
-    cp_start = np.zeros(n + 1, dtype=np.int64)
-    cp_start[1:] = np.cumsum(counts)
-    flat = [e for j in jobs for e in j["evals"]]
-    return Workload(
-        arrival=np.array([j["arrival"] for j in jobs], float),
-        job_type=np.array([JOB_TYPES.index(j.get("type", "rlhf")) for j in jobs], np.int8),
-        tenant=np.array([j.get("tenant", 0) for j in jobs], np.int16),
-        gpus=np.array([j["gpus"] for j in jobs], np.int32),
-        duration=np.array([j["duration"] for j in jobs], float),
-        eval_minutes=np.array([j.get("eval_minutes", 0.0) for j in jobs], float),
-        hacking=np.array([j.get("hacking", False) for j in jobs], bool),
-        peak_progress=np.full(n, np.nan),
-        cp_start=cp_start,
-        cp_progress=np.array([e[0] for e in flat], float),
-        cp_eval=np.array([e[1] for e in flat], float),
-        cp_loss=np.array([e[2] for e in flat], float),
-        cp_reward=np.linspace(0.0, 1.0, len(flat)),
-        cp_clean=np.array([e[1] for e in flat], float),
-        eval_se=np.full(n, 0.02),
-        est_duration=np.array([j.get("est", j["duration"]) for j in jobs], float),
-    )
 
 
 def rising(n: int = 4) -> list[tuple[float, float, float]]:
@@ -52,9 +26,9 @@ def rising(n: int = 4) -> list[tuple[float, float, float]]:
 def test_fifo_exact_times_on_a_two_gpu_cluster():
     # A (2 GPUs, 10 min) and B (1 GPU, 5 min) cannot share 2 GPUs; C (1 GPU) backfills beside B.
     wl = hand_workload([
-        dict(arrival=0.0, gpus=2, duration=10.0, evals=rising(2), eval_minutes=1.0),
-        dict(arrival=1.0, gpus=1, duration=5.0, evals=rising(1)),
-        dict(arrival=2.0, gpus=1, duration=4.0, evals=rising(1)),
+        dict(arrival=0.0, gpus=2, duration=10.0, cps=rising(2), eval_minutes=1.0),
+        dict(arrival=1.0, gpus=1, duration=5.0, cps=rising(1)),
+        dict(arrival=2.0, gpus=1, duration=4.0, cps=rising(1)),
     ])
     res = simulate(wl, FIFO(), gpus=2)
     # A: 5 min train + 1 eval + 5 min train + 1 eval = 12
@@ -65,8 +39,8 @@ def test_fifo_exact_times_on_a_two_gpu_cluster():
 
 
 def test_srtf_preempts_with_overhead_and_keeps_trained_progress():
-    long_job = dict(arrival=0.0, gpus=2, duration=100.0, est=100.0, evals=rising(1))
-    short_job = dict(arrival=30.0, gpus=2, duration=10.0, est=10.0, evals=rising(1))
+    long_job = dict(arrival=0.0, gpus=2, duration=100.0, est=100.0, cps=rising(1))
+    short_job = dict(arrival=30.0, gpus=2, duration=10.0, est=10.0, cps=rising(1))
     wl = hand_workload([long_job, short_job])
     res = simulate(wl, SRTFEst(), gpus=2, overhead=2.0)
     assert res.end[1] == pytest.approx(40.0)  # starts at once: remaining 10 < 70
@@ -118,8 +92,8 @@ def test_a_policy_that_peeks_fails_the_simulation():
 def test_evalstop_stops_on_k_declines_keeps_best_and_frees_gpus():
     hack_evals = [(0.25, 0.4, 2.0), (0.5, 0.6, 1.5), (0.75, 0.5, 1.4), (1.0, 0.45, 1.35)]
     wl = hand_workload([
-        dict(arrival=0.0, gpus=2, duration=100.0, evals=hack_evals, hacking=True),
-        dict(arrival=1.0, gpus=2, duration=10.0, evals=rising(1)),
+        dict(arrival=0.0, gpus=2, duration=100.0, cps=hack_evals, hacking=True),
+        dict(arrival=1.0, gpus=2, duration=10.0, cps=rising(1)),
     ])
     res_es = simulate(wl, parse_scheduler("EvalStop+FIFO"), gpus=2)
     res_base = simulate(wl, FIFO(), gpus=2)
