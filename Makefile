@@ -8,7 +8,7 @@ PIP_FLAGS := --disable-pip-version-check -q
 export OMP_WAIT_POLICY := PASSIVE
 export MPLBACKEND := Agg
 
-.PHONY: install demo test lint bench mutate mutation-report clean
+.PHONY: install demo test lint bench mutate mutate-resume mutation-report clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -41,6 +41,13 @@ test: install
 mutate: install
 	$(BIN)/mutmut run --max-children $${MUTATE_JOBS:-2} $(MUTANTS)
 	$(BIN)/mutmut results
+
+# mutmut reruns every mutant named or matched by a glob; this runs only those of MUTANTS (globs, required) that have
+# no verdict yet (not run, or timed out), so an interrupted run goes on where it stopped.
+mutate-resume: install
+	@test -n '$(MUTANTS)' || { echo 'usage: make mutate-resume MUTANTS="scheduling.engine*"'; exit 2; }
+	names="$$($(BIN)/python tests/mutation_report.py --pending $(MUTANTS))"; \
+	if [ -n "$$names" ]; then $(BIN)/mutmut run --max-children $${MUTATE_JOBS:-2} $$names; else echo "nothing pending"; fi
 
 mutation-report: install
 	$(BIN)/python tests/mutation_report.py

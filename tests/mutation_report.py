@@ -2,6 +2,7 @@
 
     .venv/bin/mutmut run --max-children 2 "scheduling.policies*"     # resumable; results accumulate in mutants/
     .venv/bin/python tests/mutation_report.py                        # or: make mutation-report
+    make mutate-resume MUTANTS="scheduling.engine*"                  # only those not yet checked or timed out
 
 Reads what `mutmut results --all true` reports for the modules of `[tool.mutmut] only_mutate` (pyproject.toml),
 prints the table, and rewrites the part of docs/testing.md between the two `mutation-report` markers: per module
@@ -16,6 +17,7 @@ Not a test (pytest collects `test_*.py` only) and no project import: it reads mu
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import re
 import subprocess
 import sys
@@ -56,6 +58,12 @@ def show(name: str) -> str:
     return "\n".join(diff) or out.strip()
 
 
+def pending(status: dict[str, str], globs: list[str]) -> list[str]:
+    """The mutants matching any of `globs` whose last run gave no verdict: not run yet, or stopped by the time limit."""
+    return sorted(n for n, st in status.items()
+                  if st in {"not checked", "timeout"} and any(fnmatch.fnmatchcase(n, g) for g in globs))
+
+
 def table(by_module: dict[str, Counter], order: list[str]) -> list[str]:
     rows = ["| module | mutants | killed | timeout | survived | no test | not run | score (killed / checked) |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -74,7 +82,13 @@ def table(by_module: dict[str, Counter], order: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/testing.md as it is")
+    ap.add_argument("--pending", nargs="+", metavar="GLOB",
+                    help="print only the names of the mutants matching GLOB not yet checked or timed out (for "
+                         "`make mutate-resume`: mutmut reruns every mutant it is given by name or glob)")
     args = ap.parse_args(argv)
+    if args.pending:
+        print(" ".join(pending(results(), args.pending)))
+        return 0
 
     order = modules_configured()
     status = results()
