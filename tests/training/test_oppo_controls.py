@@ -11,13 +11,15 @@
 
 from __future__ import annotations
 
+import json
 import math
+from collections import Counter
 
 import pytest
 import torch
 
 from training.engine import Chunk, _units_done
-from training.oppo import DeltaController
+from training.oppo import ChunkTuner, DeltaController, deferral_histogram
 from training.rollout import Sequence, rollout
 
 
@@ -88,6 +90,48 @@ def test_a_nan_reward_is_not_a_step_of_the_window():
     c = DeltaController(delta_init=8, delta_min=0, delta_max=12, window=2)
     with_nan = [1, math.nan, 1, 2, math.nan, 2]  # the same four rewards as [1, 1, 2, 2]: one update, to 10
     assert [c.update(r) for r in with_nan] == [8, 8, 8, 8, 8, 10]
+
+
+# ------------------------------------------------------------------------------ chunk size C and deferrals
+def test_chunk_tuner_keeps_the_fastest_per_token_candidate_by_hand():
+    """Candidates 8, 16, 32 tried one step each from step 0 (every 4 steps). Per generated token: 8: 2.0 s / 100 =
+    0.02; 16: 3.0 s / 300 = 0.01; 32: 0.015 s / 0 tokens (counted as 1) = 0.015. Kept: 16, although 32 took the
+    fewest seconds and 8 the fewest seconds x tokens."""
+    t = ChunkTuner(initial=16, candidates=[8, 16, 32], every=4)
+    assert t.chunk_for_step(0) == 8
+    t.report(16, 0.001, 100)  # not the candidate on trial: ignored
+    t.report(8, 2.0, 100)
+    assert t.state_dict() == {"current": 16, "trial": [16, 32], "measured": {8: 0.02}}
+    # resumed mid-round from JSON (string keys): the round goes on where it stopped
+    t2 = ChunkTuner(initial=64, candidates=[64], every=99)
+    t2.load_state_dict(json.loads(json.dumps(t.state_dict())))
+    assert t2.state_dict() == t.state_dict()
+    for tuner in (t, t2):
+        assert tuner.chunk_for_step(1) == 16
+        tuner.report(16, 3.0, 300)
+        assert tuner.chunk_for_step(2) == 32
+        tuner.report(32, 0.015, 0)
+        assert tuner.state_dict()["current"] == 16 and tuner.state_dict()["trial"] == []
+        assert tuner.state_dict()["measured"] == {}  # a finished round keeps no measurements
+        tuner.report(8, 0.0001, 100)  # no round on: ignored
+        assert [tuner.chunk_for_step(s) for s in (3, 5, 6, 7)] == [16, 16, 16, 16]
+    assert t.chunk_for_step(8) == 8  # step 8 = 2 x 4: the next round starts (t2 tunes every 99 steps)
+    assert t2.chunk_for_step(8) == 16 and t2.chunk_for_step(99) == 64  # t2's own candidates
+
+
+def test_a_disabled_chunk_tuner_never_leaves_its_initial_size():
+    t = ChunkTuner(initial=16, candidates=[8, 32], every=1, enabled=False)
+    t.report(8, 0.001, 100)
+    assert [t.chunk_for_step(s) for s in range(4)] == [16] * 4
+    assert t.state_dict() == {"current": 16, "trial": [], "measured": {}}
+
+
+def test_deferral_histogram_by_hand():
+    # 8 trained requests deferred 0, 0, 1, 2, 3, 3, 3, 5 steps: shares 2/8, 1/8, 1/8, 4/8 (3 or more); mean 17/8
+    counts = Counter({0: 2, 1: 1, 2: 1, 3: 3, 5: 1})
+    assert deferral_histogram(counts) == {"0": 0.25, "1": 0.125, "2": 0.125, "3+": 0.5, "mean": 2.125, "n": 8.0}
+    assert deferral_histogram(counts, max_bucket=2) == {"0": 0.25, "1": 0.125, "2+": 0.625, "mean": 2.125, "n": 8.0}
+    assert deferral_histogram(Counter()) == {"0": 0.0, "1": 0.0, "2": 0.0, "3+": 0.0, "mean": 0.0, "n": 0.0}
 
 
 # ------------------------------------------------------------------------------ which B samples are trained
