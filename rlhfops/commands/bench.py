@@ -29,15 +29,14 @@ def _large_in_child(jobs: int, gpus: int, load: float, coalesce: bool, queue) ->
     queue.put(bench_large(jobs, gpus, load, coalesce=coalesce))
 
 
-def _run_in_child(progress, label: str, *args) -> dict:
+def _run_in_child(shown, label: str, *args) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    task = progress.add_task(label, total=None)
+    shown.stage(label)
     proc = ctx.Process(target=_large_in_child, args=(*args, queue))
     proc.start()
     result = queue.get()
     proc.join()
-    progress.remove_task(task)
     return result
 
 
@@ -50,12 +49,11 @@ def bench_sim(
     out: Path = typer.Option(None, "--out", help="write the JSON here"),
 ) -> None:
     """E1-E8 x 5 seeds wall time, then one large run: wall, peak RSS, events per second."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from common.errors import BadInput
     from common.validate import check_memory, check_out_file
-    from rlhfops.console import make_console
+    from rlhfops.console import make_console, progress
     from scheduling.bench import bench_matrix
 
     if jobs < 1 or gpus < 8 or not 0 < load <= 2:
@@ -66,20 +64,17 @@ def bench_sim(
     if quick:
         jobs, gpus = min(jobs, 100_000), min(gpus, 1_638)
     console = make_console()
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
-                  transient=True) as progress:
-        progress.add_task("E1-E8 matrix", total=None)
+    with progress(console, "E1-E8 matrix", transient=True):
         result = bench_matrix(seeds=[42] if quick else None)
     console.print(f"E1-E8 matrix ({result['matrix_runs']} runs): {result['matrix_wall_s']:.2f}s")
     # The reference: the same policy with one heap event per checkpoint (the path LossAware and
     # EvalSched take), on the same cluster with a tenth of the jobs. The cluster, not the job count,
     # sets the cost per event: more jobs in flight means colder per-job state at each event.
     ref_jobs, ref_gpus = max(jobs // 10, 1), gpus
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
-                  transient=True) as progress:
-        large = _run_in_child(progress, f"{jobs:,} jobs on {gpus:,} GPUs", jobs, gpus, load, True)
-        ref = _run_in_child(progress, f"{ref_jobs:,} jobs, one event per checkpoint", ref_jobs, ref_gpus, load, False)
-        same = _run_in_child(progress, f"{ref_jobs:,} jobs, coalesced", ref_jobs, ref_gpus, load, True)
+    with progress(console, transient=True) as shown:
+        large = _run_in_child(shown, f"{jobs:,} jobs on {gpus:,} GPUs", jobs, gpus, load, True)
+        ref = _run_in_child(shown, f"{ref_jobs:,} jobs, one event per checkpoint", ref_jobs, ref_gpus, load, False)
+        same = _run_in_child(shown, f"{ref_jobs:,} jobs, coalesced", ref_jobs, ref_gpus, load, True)
     result.update(
         large={k: v for k, v in large.items()},
         million_jobs_wall_s=large["wall_s"] if jobs >= 1_000_000 else None,

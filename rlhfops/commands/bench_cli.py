@@ -20,8 +20,9 @@ def _command() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "rlhfops.cli"]
 
 
-def _times(cmd: list[str], runs: int, cwd: Path) -> tuple[list[float], list[float]]:
-    """Wall and CPU (user + system, the process and its workers) seconds of each run."""
+def _times(cmd: list[str], runs: int, cwd: Path, progress=None) -> tuple[list[float], list[float]]:
+    """Wall and CPU (user + system, the process and its workers) seconds of each run; `progress` (a
+    `rlhfops.console.Progress`) advanced after each."""
     import resource
     import subprocess
     import time
@@ -36,10 +37,12 @@ def _times(cmd: list[str], runs: int, cwd: Path) -> tuple[list[float], list[floa
         cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.strip()[-500:]}")
+        if progress is not None:
+            progress.advance()
     return walls, cpus
 
 
-def bench_cli(runs: int) -> dict:
+def bench_cli(runs: int, progress=None) -> dict:
     import os
     import platform
     import statistics
@@ -48,11 +51,13 @@ def bench_cli(runs: int) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="rlhfops-bench-cli-") as tmp:
         cwd = Path(tmp)
-        figures = {
-            "python_startup": _times([sys.executable, "-c", "pass"], runs, cwd),
-            "help": _times([*_command(), "--help"], runs, cwd),
-            "simulate_e1": _times([*_command(), "simulate", "E1", "--out", str(cwd / "e1")], runs, cwd),
-        }
+        commands = {"python_startup": [sys.executable, "-c", "pass"], "help": [*_command(), "--help"],
+                    "simulate_e1": [*_command(), "simulate", "E1", "--out", str(cwd / "e1")]}
+        figures = {}
+        for name, cmd in commands.items():
+            if progress is not None:
+                progress.stage(f"{name}: fresh processes", runs)
+            figures[name] = _times(cmd, runs, cwd, progress)
     result: dict = {"runs": runs, "command": _command()}
     for name, (walls, cpus) in figures.items():
         result[f"{name}_s"] = statistics.median(walls)
@@ -76,14 +81,14 @@ def register_bench(bench_app: typer.Typer) -> None:
         from common.errors import BadInput
         from common.validate import check_out_file
         from rlhfops.commands.bench import write_json
-        from rlhfops.console import make_console
+        from rlhfops.console import make_console, progress
 
         if runs < 1:
             raise BadInput(f"runs: {runs} must be >= 1")
         check_out_file(out, "out")
         console = make_console()
-        with console.status(f"timing --help and simulate E1, {runs} fresh processes each"):
-            result = bench_cli(runs)
+        with progress(console, transient=True) as shown:
+            result = bench_cli(runs, shown)
         for name in ("python_startup", "help", "simulate_e1"):
             walls = ", ".join(f"{w:.2f}" for w in result[f"{name}_runs_s"])
             console.print(f"{name:>15}: median {result[f'{name}_s']:.2f}s, best {result[f'{name}_best_s']:.2f}s "

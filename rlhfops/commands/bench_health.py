@@ -14,20 +14,30 @@ TARGET_S = 1.0
 
 
 def bench_health(runs: int, steps: int, repeats: int, workers: int, seed: int = 0, progress=None) -> dict:
-    """Time `Catalog.scan` on a synthetic fleet; report detection quality and a streaming cross-check."""
+    """Time `Catalog.scan` on a synthetic fleet; report detection quality and a streaming cross-check. `progress`:
+    a `rlhfops.console.Progress` told each stage (outside the timed scans)."""
     from eval.health import FAULTS, Catalog, measure_false_positive_rates, replay_alert, synthetic_fleet
 
+    def stage(name: str, total: int | None = None) -> None:
+        if progress is not None:
+            progress.stage(name, total)
+
     catalog = Catalog.from_file()
+    stage(f"synthetic fleet: {runs:,} runs x {steps:,} steps")
     t0 = time.perf_counter()
     series, kind, onset = synthetic_fleet(runs, steps, seed=seed)
     gen_s = time.perf_counter() - t0
     walls, cpus = [], []
     first = {}
+    stage("catalog scans (timed)", repeats)
     for _ in range(repeats):
         w0, c0 = time.perf_counter(), time.process_time()
         first = catalog.scan(series, workers=workers)
         walls.append(time.perf_counter() - w0)
         cpus.append(time.process_time() - c0)
+        if progress is not None:
+            progress.advance()
+    stage("each alert alone, quality, streaming cross-check")
     per_alert = {}
     for name, alert in catalog.alerts.items():  # single-threaded, one alert at a time
         w0 = time.perf_counter()
@@ -53,6 +63,7 @@ def bench_health(runs: int, steps: int, repeats: int, workers: int, seed: int = 
         run = {k: v[r] for k, v in series.items()}
         for name, alert in catalog.alerts.items():
             mismatches += int(replay_alert(alert, run)[0] != first[name][r])
+    stage("recorded false-positive rates")
     recorded = measure_false_positive_rates(catalog)
     return {
         "runs": runs, "steps": steps, "points": runs * steps, "workers": workers, "repeats": repeats,
@@ -83,13 +94,12 @@ def register_bench(bench_app: typer.Typer) -> None:
     ) -> None:
         """Run every catalog alert over runs x steps (vectorised); report wall time against the 1 s target,
         false-positive rate and recall per alert, and a streaming-vs-batch cross-check."""
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
         from rich.table import Table
 
         from common.errors import BadInput
         from common.validate import check_memory, check_out_file, check_workers
         from rlhfops.commands.bench import write_json
-        from rlhfops.console import make_console
+        from rlhfops.console import make_console, progress
 
         if runs < 1 or steps < 100 or repeats < 1 or workers < 1:
             raise BadInput("bench health: need --runs >= 1, --steps >= 100, --repeats >= 1, --workers >= 1")
@@ -98,10 +108,8 @@ def register_bench(bench_app: typer.Typer) -> None:
         # the fleet's signal arrays (float64, runs x steps each) and the scan's windowed copies of them
         check_memory(runs * steps * 8.0 * 40, "runs/steps", f"a {runs:,} x {steps:,} fleet", "lower --runs or --steps")
         console = make_console()
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
-                      transient=True) as progress:
-            progress.add_task(f"catalog over {runs:,} runs x {steps:,} steps", total=None)
-            result = bench_health(runs, steps, repeats, workers)
+        with progress(console, transient=True) as shown:
+            result = bench_health(runs, steps, repeats, workers, progress=shown)
         table = Table(title=f"rlhfops bench health: {runs:,} runs x {steps:,} steps, {workers} threads")
         for col in ("alert", "single-thread s", "FPR (healthy)", "recall (own fault)", "median lag (steps)"):
             table.add_column(col, justify="left" if col == "alert" else "right")

@@ -52,11 +52,10 @@ def register_bench(bench_app: typer.Typer) -> None:
     ) -> None:
         """Run the OPPO modes round-robin over seeds; time to proxy and held-out gold targets, final held-out gold,
         tokens; every ratio as median [min-max] over seeds; the load average while it ran."""
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
 
         from common.validate import check_out_file
-        from rlhfops.console import make_console
+        from rlhfops.console import make_console, progress
         from training.config import load_config
 
         if not 0.0 < target_frac <= 1.0:
@@ -100,12 +99,11 @@ def register_bench(bench_app: typer.Typer) -> None:
                                "(rerun with the baseline's settings)")
         variants = ablation_variants() if ablation else DEFAULT_VARIANTS
         console = make_console()
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console) as progress:
-            task = progress.add_task(f"{len(variants)} variants x {seeds} seeds, round-robin", total=n_steps)
+        what = f"steps ({len(variants)} variants x {seeds} seeds, round-robin)"
+        with progress(console, what, total=n_steps) as shown:
             result = bench_oppo(cfg, n_steps, smooth=smooth, target_frac=target_frac, seeds=tuple(seed_list),
                                 gate_every=gate_every, variants=variants, slow_intra_s=slow_intra,
-                                progress=lambda done, total: progress.update(task, completed=done))
+                                progress=lambda done, _total: shown.update(done))
         result["quick"] = quick
         ref = result["reference"]
         table = Table(title=f"rlhfops bench oppo ({n_steps} steps per run, seeds {seed_list}; mean ± SE over seeds; "

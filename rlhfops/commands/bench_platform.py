@@ -18,7 +18,7 @@ from pathlib import Path
 import typer
 
 from rlhfops.commands.bench import write_json
-from rlhfops.console import make_console
+from rlhfops.console import make_console, progress
 
 REPO = Path(__file__).resolve().parents[2]
 #: what a store write error looks like in the servers' logs (PostgreSQL, Prefect, MLflow)
@@ -225,7 +225,7 @@ def _bench(console, cfg, env: dict, jobs: int, steps: int, nightly: bool, timeou
         final: dict[str, object] = {}
         last_seen: dict[str, str] = {}
         deadline = time.time() + timeout_s
-        with get_client(sync_client=True) as c:
+        with get_client(sync_client=True) as c, progress(console, "rlhf-job runs final", total=len(submitted)) as shown:
             while (len(final) < len(submitted) or (restart_thread and restart_thread.is_alive())) \
                     and time.time() < deadline:
                 for name, s in submitted.items():
@@ -239,6 +239,7 @@ def _bench(console, cfg, env: dict, jobs: int, steps: int, nightly: bool, timeou
                     last_seen[name] = fr.state.name if fr.state is not None else "none"
                     if fr.state is not None and fr.state.is_final():
                         final[name] = fr
+                shown.update(len(final))
                 if restart_record.get("done") and not S.session_members(worker_sid):
                     console.print("the worker is gone after the Prefect restart: runs it had not started never will")
                     break

@@ -77,10 +77,9 @@ def run_flow(console, flow_obj, what: str, server: start_prefect_api | None = No
     server, which stops with this process, the flow run sends no heartbeats: nothing could ever read a missed one,
     and its exit would wait up to a second for the heartbeat thread. A failed run: bad input propagates (exit 2,
     one line naming the field); any other failure is printed as one line (`<what> failed: ...`), exit 1."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from flows import progress as flow_progress
     from infra.provision import no_heartbeats
+    from rlhfops.console import progress
 
     if server is not None:
         server.join()
@@ -96,17 +95,11 @@ def run_flow(console, flow_obj, what: str, server: start_prefect_api | None = No
             console.print(f"[red]Prefect API not reachable[/red]: {err}")
             raise typer.Exit(1) from None
     # a terminal gets bars; a pipe or a file (cron, nohup, CI) a plain line per stage, as it happens
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=console) if console.is_terminal else None
-    with bar or nullcontext(), (no_heartbeats() if on_temporary_server() else nullcontext()):
-        reporter = flow_progress.RichReporter(bar, console) if bar is not None else flow_progress.LineReporter(
-            lambda line: (console.print(line, markup=False, highlight=False, soft_wrap=True), console.file.flush()))
-        flow_progress.install(reporter)
+    with progress(console) as shown, (no_heartbeats() if on_temporary_server() else nullcontext()):
+        flow_progress.install(shown)
         try:
             state = flow_obj(**params, return_state=True)
         finally:
-            if bar is None:
-                reporter.close()
             flow_progress.install(None)
     if state.is_failed():
         try:

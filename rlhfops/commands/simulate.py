@@ -1,6 +1,6 @@
 """`rlhfops simulate EXP`: run an EvalStop experiment in the discrete-event simulator.
 
-Heavy libraries (pandas, scipy, matplotlib, rich's progress and tables) are imported inside the functions that
+Heavy libraries (pandas, scipy, matplotlib, rich's tables) are imported inside the functions that
 use them, so `rlhfops --help` and bad input stay fast; matplotlib only with `--plots`."""
 
 from __future__ import annotations
@@ -12,21 +12,13 @@ import typer
 
 from common.errors import BadInput
 from common.validate import check_out_file, check_workers
-from rlhfops.console import make_console
+from rlhfops.console import make_console, progress
 
 
 def check_corpus(corpus: Path) -> None:
     """A `--corpus` directory as `eval.corpus` reads it, or BadInput naming the flag."""
     if not (corpus / "runs.csv").is_file():
         raise BadInput(f"--corpus '{corpus}': no runs.csv (need <source>/traces.csv and runs.csv)")
-
-
-def progress_bar(console):
-    """A transient progress bar: description, bar, done/total, elapsed."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, transient=True)
 
 
 def _pct(x: float) -> str:
@@ -84,9 +76,8 @@ def run_with_progress(request, console):
     from scheduling.request import run_experiment
 
     def run(plan):
-        with progress_bar(console) as progress:
-            task = progress.add_task(f"{plan.config.name}: variant x seed", total=len(plan.units))
-            return run_units(plan.units, workers=request.workers, on_done=lambda _u: progress.advance(task))
+        with progress(console, f"{plan.config.name}: variant x seed", total=len(plan.units), transient=True) as shown:
+            return run_units(plan.units, workers=request.workers, on_done=lambda _u: shown.advance())
 
     return run_experiment(request, tenant_costs=tenant_costs, run=run)
 
@@ -132,9 +123,8 @@ def register(app: typer.Typer) -> None:
         check_workers(workers)
         console = make_console()
         total = sum(len(units_for(load_experiment(e))) for e in EXPERIMENTS)
-        with progress_bar(console) as progress:
-            task = progress.add_task("E1-E8: variant x seed", total=total)
-            summary = run_all(workers, on_done=lambda _u: progress.advance(task))
+        with progress(console, "E1-E8: variant x seed", total=total, transient=True) as shown:
+            summary = run_all(workers, on_done=lambda _u: shown.advance())
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(render(summary))
         console.print(f"[green]wrote {out}[/]")
@@ -177,10 +167,9 @@ def register(app: typer.Typer) -> None:
         if not any(r.label == 0 for r in runs):
             raise BadInput(f"--corpus '{corpus}': no healthy runs in the splits {SELECTION_SPLITS}")
         console = make_console()
-        with progress_bar(console) as progress:
-            task = progress.add_task(f"{DETECTOR} candidates", total=len(candidates()))
+        with progress(console, f"{DETECTOR} candidates", total=len(candidates()), transient=True) as shown:
             table = score_candidates(runs, target_fsr, workers=workers or os.cpu_count() or 1,
-                                     on_done=lambda _row: progress.advance(task), config=config)
+                                     on_done=lambda _row: shown.advance(), config=config)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(render(table, target=target_fsr))
         params = chosen_params(table)
@@ -230,10 +219,9 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"--split {'+'.join(splits)}: needs hacking and healthy runs (has {hacking} and "
                            f"{healthy}); pick another split")
         console = make_console()
-        with progress_bar(console) as progress:
-            task = progress.add_task("shapes", total=len(candidates()))
+        with progress(console, "shapes", total=len(candidates()), transient=True) as shown:
             table = frontier(runs, fleet, workers=workers or os.cpu_count() or 1, config=config,
-                             on_done=lambda _c: progress.advance(task))
+                             on_done=lambda _c: shown.advance())
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(render(table, splits, CHOSEN_ON_SPLITS, hacking, healthy, len(fleet),
                               default_point(runs, fleet, config=config)))
@@ -273,9 +261,8 @@ def register(app: typer.Typer) -> None:
         replay = render_fresh(fresh_seed_bars(sets=20, workers=workers)) + "\n" + (replay or "")
 
         console = make_console()
-        with progress_bar(console) as progress:
-            task = progress.add_task("detectors: variant x seed", total=len(report_units()))
-            table = run_report(workers, on_done=lambda _u: progress.advance(task))
+        with progress(console, "detectors: variant x seed", total=len(report_units()), transient=True) as shown:
+            table = run_report(workers, on_done=lambda _u: shown.advance())
         out.parent.mkdir(parents=True, exist_ok=True)
         text = render(table)
         if replay:

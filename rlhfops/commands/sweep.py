@@ -32,12 +32,13 @@ def results_table(summary: dict, title: str):
 
 
 def progress_events(console):
-    """A rich progress line (done / running / pruned / GPU-hours) fed by the runner's events, and the callback."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """A progress display (`rlhfops.console.progress`: trials done / target, with running / pruned / GPU-hours on a
+    terminal; plain lines otherwise) fed by the runner's events, the callback, and `begin(name, done, target)`,
+    which starts the count."""
+    from rlhfops.console import progress as progress_display
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        TextColumn("{task.fields[status]}"), console=console, transient=False)
-    state = {"task": None, "done": 0, "running": 0, "pruned": 0, "failed": 0, "gpu_s": 0.0}
+    progress = progress_display(console)
+    state = {"started": False, "done": 0, "running": 0, "pruned": 0, "failed": 0, "gpu_s": 0.0}
 
     def status() -> str:
         return (f"running {state['running']}, pruned {state['pruned']}, failed {state['failed']}, "
@@ -58,11 +59,16 @@ def progress_events(console):
             console.print(f"trial {r.number} {r.state}{where}: {score}, {r.gpu_seconds:.1f} GPU-s")
         elif kind in ("budget", "warning"):
             console.print(f"[yellow]{info['message']}[/yellow]")
-        if state["task"] is not None:
-            progress.update(state["task"], advance=1 if kind == "trial_finished" else 0, status=status())
+        if state["started"]:
+            if kind == "trial_finished":
+                progress.advance()
+            progress.status(status())
 
     def begin(name: str, done: int, target: int) -> None:
-        state["task"] = progress.add_task(f"sweep {name}", total=target, completed=done, status=status())
+        state["started"] = True
+        progress.stage(f"sweep {name}: trials", target)
+        progress.update(done)
+        progress.status(status())
 
     return progress, on_event, begin
 

@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from common.config import config_dir
 from common.errors import BadInput
-from rlhfops.console import make_console
+from rlhfops.console import make_console, progress
 
 CONFIG_DIR = config_dir()
 #: shipped configs and their labels (1: over-optimises the proxy, 0: healthy)
@@ -67,10 +66,8 @@ def register(app: typer.Typer) -> None:
             raise BadInput("--steps must be >= 1")
         total = sum((steps or load_config(CONFIG_DIR / f"{n}.yaml").steps) for n in LABELLED_CONFIGS) * len(seed_list)
         console = make_console()
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console) as bar:
-            task = bar.add_task("PPO steps", total=total)
-            df = record(LABELLED_CONFIGS, seed_list, steps, out.parent / "runs", lambda: bar.advance(task))
+        with progress(console, "PPO steps", total=total) as shown:
+            df = record(LABELLED_CONFIGS, seed_list, steps, out.parent / "runs", shown.advance)
         out.parent.mkdir(parents=True, exist_ok=True)
         df.to_csv(out, index=False)
         console.print(f"[green]{df.run_id.nunique()} runs, {len(df)} eval checkpoints -> {out}[/]  "
