@@ -164,3 +164,184 @@ def test_resume_refuses_a_run_directory_without_a_paused_run_exit_2(tmp_path, ca
     err = capsys.readouterr().err
     assert exc.value.code == 2 and len(err.strip().splitlines()) == 1
     assert all(n in err for n in names), err
+
+
+# ------------------------------------------------------------------- pause, resume and retry on disk, in seconds
+GOLD = {2: 0.7, 4: 0.5, 6: 0.6, 8: 0.8, 10: 0.9}  # the held-out score of each checkpoint (every 2 steps)
+STEP_S = 0.75  # phase seconds per step (rollout 0.5 + optim 0.25) on one GPU
+
+
+def _step(path) -> int:
+    return int(str(path).rsplit("step-", 1)[1])
+
+
+class DiskTrainer:
+    """The worker as the lifecycle sees it on disk: resumes after the newest checkpoint in `out_dir`, writes a
+    checkpoint every 2 steps and appends one `metrics.csv` row per step (`StepRecord.flat()`), and raises at
+    `fail_at` (the process dying) before writing that step."""
+
+    def __init__(self, out_dir, fail_at=None):
+        self.out, self.fail_at = out_dir, fail_at
+        self.step = max((_step(p) for p in (out_dir / "checkpoints").glob("step-*")), default=0)
+
+    def run(self, total):
+        import csv
+
+        while self.step < total:
+            if self.step + 1 == self.fail_at:
+                raise RuntimeError("worker died")
+            self.step += 1
+            rec = StepRecord(step=self.step, policy_version=self.step, reward_mean=0.1 * self.step,
+                             gold_eval=GOLD.get(self.step, math.nan), gold_eval_se=0.01, kl=0.01, entropy=1.0,
+                             phase_seconds={"rollout": 0.5, "optim": 0.25}, tokens_generated=10, tokens_trained=7)
+            if self.step % 2 == 0:
+                (self.out / "checkpoints" / f"step-{self.step:06d}").mkdir(parents=True)
+            path = self.out / "metrics.csv"
+            new = not path.exists()
+            with path.open("a", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(rec.flat()))
+                if new:
+                    w.writeheader()
+                w.writerow(rec.flat())
+            yield rec
+
+
+def _disk_hooks(seg, executed, logged, fail_at=None):
+    from training.lifecycle import JobHooks
+
+    class Hooks(JobHooks):
+        flush_every = 3
+
+        def start_worker(self, spec):
+            return DiskTrainer(spec.out_dir, fail_at)
+
+        def on_step(self, record, supervisor):
+            executed.setdefault(seg, []).append(record.step)
+
+        def log_records(self, records):
+            logged.setdefault(seg, []).append([r["step"] for r in records])
+
+        def score(self, spec, ckpts):
+            return [{"checkpoint": c, "step": _step(c), "eval_score": GOLD[_step(c)], "eval_se": 0.01} for c in ckpts]
+
+    return Hooks()
+
+
+def _disk_supervisor(run_id, ledger):
+    from eval.health import Catalog
+    from eval.supervisor import RunSupervisor
+
+    return RunSupervisor(run_id, "acme", Catalog.from_file(None, algorithm="ppo").start(tenant="acme"), ledger=ledger,
+                         gpu_kind="cpu")
+
+
+def _same(a: dict, b: dict) -> bool:
+    """Equal flat records (NaN equals NaN)."""
+    return a.keys() == b.keys() and all(a[k] == b[k] or (a[k] != a[k] and b[k] != b[k]) for k in a)
+
+
+def test_a_paused_job_resumes_from_its_kept_checkpoint_replaying_its_steps_uncharged(tmp_path):
+    """10 steps, checkpoints every 2 (scores 0.7, 0.5, 0.6, 0.8, 0.9). Segment 1 is paused by the observer at step 6:
+    kept checkpoint step 2 (0.7, the best of 2, 4, 6). Reopened, the checkpoints after step 2 go; segment 2 replays
+    steps 1-2 from metrics.csv (not charged again: segment 1 paid for them), runs 3-10 and keeps step 10 (0.9).
+    Records are logged in batches of 3 (`flush_every`), the replayed ones first in one batch."""
+    from types import SimpleNamespace
+
+    from infra.ledger import Ledger, PriceTable
+    from training.lifecycle import JOB_DONE, PausedRun, job_record, paused_run, reopen_paused, run_job
+
+    out = tmp_path / "job"
+    out.mkdir()
+    ledger = Ledger(PriceTable(gpu_hour={"cpu": "0.05"}))
+    executed, logged = {}, {}
+
+    def spec(run_id, resume=None):
+        from training.lifecycle import JobSpec
+
+        return JobSpec(tenant="acme", name="j", config=SimpleNamespace(steps=10), run_id=run_id, out_dir=out,
+                       pausable=True, resume=resume)
+
+    first = run_job(spec("seg1"), lambda step, m: "declining" if step == 6 else None,
+                    hooks=_disk_hooks("seg1", executed, logged), supervisor=_disk_supervisor("seg1", ledger))
+    assert executed["seg1"] == [1, 2, 3, 4, 5, 6] and logged["seg1"] == [[1, 2, 3], [4, 5, 6]]
+    assert (first.decision, first.stop_reason, first.replayed) == ("stopped", "declining", 0)
+    assert [s["step"] for s in first.scores] == [2, 4, 6] and first.best["step"] == 2
+    assert first.status.label == "PAUSED_BY_GATE(declining)"
+    assert job_record(first) == {"run_id": "seg1", "state": "PAUSED_BY_GATE(declining)", "paused_step": 6,
+                                 "reason": "declining", "best_step": 2}
+    (out / JOB_DONE).write_text(json.dumps(job_record(first)))
+
+    paused = paused_run(out)
+    assert paused == PausedRun(run_id="seg1", paused_step=6, reason="declining", best_step=2)
+    assert paused.tags() == {"resumed_from_run": "seg1", "resumed_from_step": 2, "paused_at_step": 6}
+    reopen_paused(out, paused)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000002"] and not (out / JOB_DONE).exists()
+
+    second = run_job(spec("seg2", resume=paused), hooks=_disk_hooks("seg2", executed, logged),
+                     supervisor=_disk_supervisor("seg2", ledger))
+    assert executed["seg2"] == [3, 4, 5, 6, 7, 8, 9, 10]
+    assert logged["seg2"] == [[1, 2], [3, 4, 5], [6, 7, 8], [9, 10]]
+    assert second.replayed == 2 and [r["step"] for r in second.records] == list(range(1, 11))
+    assert all(_same(a, b) for a, b in zip(second.records[:2], first.records[:2], strict=True))  # read back whole
+    assert second.decision == "completed" and second.best["step"] == 10
+    assert second.supervisor.machine.labels() == ["QUEUED", "PROVISIONING", "RUNNING", "PAUSED_BY_GATE(declining)",
+                                                  "RUNNING", "SUCCEEDED"]
+    assert job_record(second) == {"run_id": "seg2", "state": "SUCCEEDED"}
+    totals = ledger.run_totals()
+    assert (totals["seg1"].steps, totals["seg2"].steps) == (6, 8)  # steps 1-2 charged once, by segment 1
+    assert (totals["seg1"].tokens_generated, totals["seg2"].tokens_generated) == (60, 80)
+    assert totals["seg2"].gpu_seconds == pytest.approx(8 * STEP_S)
+
+
+def test_an_interrupted_job_is_retried_from_its_newest_checkpoint_and_its_lost_steps_charged_once(tmp_path):
+    """The worker dies before step 5 (no job.json: an interrupted job). The retry resumes after checkpoint 4,
+    replays steps 1-4 from metrics.csv and charges them to the retry's run (the run that paid for them died with
+    its process), then runs 5-10: 10 steps charged to the retry."""
+    from types import SimpleNamespace
+
+    from infra.ledger import Ledger, PriceTable
+    from training.lifecycle import JobSpec, paused_run, run_job
+
+    out = tmp_path / "job"
+    out.mkdir()
+    ledger = Ledger(PriceTable(gpu_hour={"cpu": "0.05"}))
+    executed, logged = {}, {}
+    spec = JobSpec(tenant="acme", name="j", config=SimpleNamespace(steps=10), run_id="try1", out_dir=out)
+    first = run_job(spec, hooks=_disk_hooks("try1", executed, logged, fail_at=5),
+                    supervisor=_disk_supervisor("try1", ledger))
+    assert first.decision == "failed" and str(first.error) == "worker died" and executed["try1"] == [1, 2, 3, 4]
+    assert paused_run(out) is None
+    retry = run_job(spec, hooks=_disk_hooks("try2", executed, logged), supervisor=_disk_supervisor("try2", ledger))
+    assert executed["try2"] == [5, 6, 7, 8, 9, 10] and retry.replayed == 4
+    assert logged["try2"] == [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10]]
+    assert retry.decision == "completed" and retry.best["step"] == 10
+    assert ledger.run_totals()["try2"].steps == 10 and ledger.run_totals()["try2"].tokens_trained == 70
+
+
+@pytest.mark.parametrize("through, steps, decision", [(False, [1, 2, 3, 4], "paused"),
+                                                     (True, list(range(1, 11)), "completed")])
+def test_a_gate_pause_ends_the_loop_unless_the_job_runs_through_it(through, steps, decision):
+    """A gate detector that says stop at step 4: the run pauses there and the loop ends (`paused`, the gate's reason);
+    with `run_through_pause` (the fault canaries) it trains on to step 10 but the observer, which saw step 2, is not
+    asked again once the run is paused."""
+    from eval.health import Catalog
+    from eval.supervisor import RunSupervisor
+    from training.lifecycle import run_job
+
+    class StopAt4:
+        label = name = "stop-at-4"
+
+        def start(self):
+            return self
+
+        def observe(self, cp):
+            return cp.step == 4
+
+    executed, seen = [], []
+    sup = RunSupervisor("r1", "acme", Catalog.from_file(None, algorithm="ppo").start(tenant="acme"),
+                        gate_detector=StopAt4())
+    out = run_job(_spec(10, pausable=True, run_through_pause=through),
+                  lambda step, m: seen.append(step), hooks=_hooks(FakeTrainer(), executed), supervisor=sup)
+    assert [r.step for r in executed] == steps and seen == [2]
+    assert out.decision == decision and out.status.label.startswith("PAUSED_BY_GATE") and out.status.step == 4
+    assert out.stop_reason == ("" if through else out.status.reason) and (through or out.stop_reason)
