@@ -345,3 +345,103 @@ def test_a_gate_pause_ends_the_loop_unless_the_job_runs_through_it(through, step
     assert [r.step for r in executed] == steps and seen == [2]
     assert out.decision == decision and out.status.label.startswith("PAUSED_BY_GATE") and out.status.step == 4
     assert out.stop_reason == ("" if through else out.status.reason) and (through or out.stop_reason)
+
+
+# ------------------------------------------------------------------------------------------- the small pieces
+@pytest.mark.parametrize("gpus", [0, -1, 1.5, True, "2"])
+def test_a_job_spec_refuses_gpus_that_are_not_a_whole_number_of_slots(gpus):
+    with pytest.raises(ValueError) as err:
+        _spec(3, gpus=gpus)
+    assert str(err.value) == f"gpus: {gpus!r} must be a whole number of GPU slots >= 1"
+
+
+def test_a_job_spec_names_its_job_counts_its_steps_and_types_its_run_directory():
+    from pathlib import Path
+
+    spec = _spec("7", out_dir="runs/x", gpus=2)
+    assert (spec.job, spec.steps, spec.out_dir, spec.gpus) == ("acme/j", 7, Path("runs/x"), 2)
+    assert _spec(3).out_dir is None
+
+
+def test_step_of_reads_only_checkpoint_names_and_checkpoints_come_in_step_order(tmp_path):
+    from training.lifecycle import checkpoints, step_of
+
+    assert step_of("runs/a/checkpoints/step-000012") == 12 and step_of("step-7") == 7
+    assert [step_of(n) for n in ("model", "step-12x", "xstep-12", "step-")] == [-1, -1, -1, -1]
+    for step in (10, 2, 4):
+        (tmp_path / "checkpoints" / f"step-{step:06d}").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "latest").mkdir()
+    assert checkpoints(tmp_path) == [str(tmp_path / "checkpoints" / f"step-{s:06d}") for s in (2, 4, 10)]
+    assert checkpoints(None) == []
+
+
+def test_read_history_types_each_field_orders_the_steps_and_stops_at_the_checkpoint(tmp_path):
+    import csv
+
+    from training.lifecycle import read_history
+
+    assert read_history(tmp_path, 5) == []  # no metrics.csv
+    cols = ["step", "policy_version", "reward_mean", "gold_eval", "tokens_generated", "phase_rollout_s", "phase_eval_s"]
+    rows = [[3, 3, 0.3, "", 30, 0.5, ""], [1, 1, 0.1, 0.25, 10, 0.5, 2.0], [2, "2.0", 0.2, "", 20, 0.5, ""]]
+    with (tmp_path / "metrics.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        w.writerows(rows)
+        w.writerow(["", "", "", "", "", "", ""])  # a blank row is no step
+    assert read_history(tmp_path, 0) == []
+    got = read_history(tmp_path, 2)
+    assert [r.step for r in got] == [1, 2]
+    first, second = got
+    assert type(first.step) is int and type(second.policy_version) is int and second.policy_version == 2
+    assert type(first.tokens_generated) is int and first.tokens_generated == 10
+    assert first.reward_mean == 0.1 and first.gold_eval == 0.25 and math.isnan(second.gold_eval)
+    assert math.isnan(first.kl)  # a column the file lacks keeps its default
+    assert first.phase_seconds == {"rollout": 0.5, "score": 0.0, "sync": 0.0, "optim": 0.0, "eval": 2.0}
+    assert second.phase_seconds["eval"] == 0.0
+    assert [r.step for r in read_history(str(tmp_path), 9)] == [1, 2, 3]
+
+
+def test_make_supervisor_names_the_run_and_passes_on_gpus_steps_ledger_and_gate():
+    from training.lifecycle import make_supervisor
+
+    ledger = object()
+    spec = _spec(7, gpus=2, gpu_kind="a100", detector="evalstop")
+    sup = make_supervisor(spec, ledger=ledger)
+    assert (sup.machine.run_id, sup.machine.tenant, sup.n_gpus, sup.gpu_kind) == ("r1", "acme", 2, "a100")
+    assert sup.planned_steps == 7 and sup.ledger is ledger and sup.metrics is None
+    assert sup.gate_detector is not None and sup.gate_monitor is not None
+    assert make_supervisor(spec, run_id="other").machine.run_id == "other"
+    from training.lifecycle import JobSpec
+
+    unnamed = JobSpec(tenant="acme", name="j", config=spec.config)
+    assert make_supervisor(unnamed).machine.run_id == "acme/j" and make_supervisor(unnamed).gate_detector is None
+
+
+def test_gate_evidence_hands_the_gates_prompt_scores_and_an_extension_within_budget():
+    from types import SimpleNamespace
+
+    from training.lifecycle import gate_evidence
+
+    def rec(prompt, score):
+        return SimpleNamespace(prompt_id=prompt, gold_score=score)
+
+    asked = []
+
+    class Trainer:
+        cfg = SimpleNamespace(eval_extra_budget=0)
+        gate_records = {4: [rec(1, 0.5), rec(2, 1.0)]}
+
+        def extend_gate(self, pair):
+            asked.append(pair)
+            return {pair[0]: [rec(3, 0.25)], pair[1]: [rec(3, 0.75)]}, 1.5
+
+    at = lambda step, gold=0.5: SimpleNamespace(step=step, gold_eval=gold)  # noqa: E731
+    t = Trainer()
+    assert gate_evidence(t, at(4)) == {"prompts": {"1": 0.5, "2": 1.0}}
+    assert gate_evidence(t, at(4, math.nan)) == {} and gate_evidence(t, at(6)) == {}
+    assert gate_evidence(object(), at(4)) == {}
+    t.cfg = SimpleNamespace(eval_extra_budget=2)
+    ev = gate_evidence(t, at(4.0))
+    assert ev["prompts"] == {"1": 0.5, "2": 1.0}
+    assert ev["extend"](("2", 4.0)) == ({2: {"3": 0.25}, 4: {"3": 0.75}}, 1.5) and asked == [(2, 4)]
+    assert all(type(s) is int for s in asked[0])
