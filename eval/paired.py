@@ -99,6 +99,15 @@ def paired_diff(a: Mapping[str, float] | np.ndarray, b: Mapping[str, float] | np
 # observations by default for the plug-in sequence) both hold this boundary, but neither computes it for the
 # runs x references arrays the rule and its simulations need. Both agree with the two functions below to 1e-5
 # (confseq's reference values, ville's boundary: tests/eval/test_paired_rule.py).
+#
+# When the gate's design fixes how many prompt counts a pair can be judged at (the gate's own prompts, then each
+# extension batch from a finite pool: `prompt_looks`, 3 for a 64-prompt gate with two batches of 32), a union bound
+# over those counts is tighter than a sequence valid at every count: a one-sided Student-t bound at a / prompt_looks
+# for each count (`fixed_radius`). Whether the gate extends may depend on the scores (the union covers every count
+# the design allows), but a pair is never judged at more than prompt_looks counts (the monitor enforces it). At the
+# corpus's levels (a near 1e-5) it is about 4.4 SEs where the sequence is about 5.3. The t bound plugs in the sample
+# SD as the sequence does (exact for normal differences, asymptotic otherwise); the coverage tests include heavy
+# tails and pass/fail scores.
 
 
 def mixture_r(n_opt: float, a: float) -> float:
@@ -114,6 +123,18 @@ def cs_radius(n: np.ndarray | float, sd: np.ndarray | float, a: np.ndarray | flo
     n = np.asarray(n, dtype=float)
     w = n + r
     return np.asarray(sd, dtype=float) * np.sqrt(w * np.log(w / (r * np.asarray(a, dtype=float) ** 2))) / n
+
+
+def fixed_radius(n: np.ndarray | float, sd: np.ndarray | float, a: np.ndarray | float,
+                 prompt_looks: int) -> np.ndarray:
+    """Half-width of a one-sided bound for a mean after n observations with sample SD `sd` that holds at level a
+    over at most `prompt_looks` prompt counts fixed by design (the gate's prompts, then each extension batch):
+    Student t at a / prompt_looks, n - 1 degrees of freedom, times sd / sqrt(n) (a union over the counts)."""
+    from scipy.stats import t as student_t
+
+    n = np.asarray(n, dtype=float)
+    q = student_t.isf(np.asarray(a, dtype=float) / prompt_looks, np.maximum(n - 1.0, 1.0))
+    return q * np.asarray(sd, dtype=float) / np.sqrt(n)
 
 
 # --------------------------------------------------------------------------- 3. spending alpha
@@ -133,14 +154,30 @@ def cs_radius(n: np.ndarray | float, sd: np.ndarray | float, a: np.ndarray | flo
 # With a warm-up of w checkpoints (`warmup`: the first w are references only, never judged; a count fixed in
 # advance, so the levels still are), the spending starts at the first judged look: its j-th judged look (the
 # checkpoint with k = w - 1 + j earlier ones, j >= 1) spends alpha / (j (j + 1)) over its k references.
+#
+# 1 / (j (j + 1)) front-loads: the 15th look gets 1/240 of alpha. A job knows before its first score how many looks
+# it plans (`horizon`: steps / eval_every, less the warm-up); then each of the first `horizon` looks spends
+# alpha / (horizon + 1) and any look past the plan spends alpha / (j (j + 1)) (these sum to alpha / (horizon + 1)),
+# so the bound still holds however long the run goes on.
 
 
-def pair_alpha(alpha: float, k: np.ndarray | int, j: np.ndarray | int | None = None) -> np.ndarray | float:
+def look_weight(j: np.ndarray | int, horizon: int = 0) -> np.ndarray | float:
+    """The share of alpha the j-th judged look spends (j >= 1; the shares sum to 1 over j = 1, 2, ...).
+    horizon 0 (no planned number of looks): 1 / (j (j + 1)). horizon K (the looks the run is planned to have,
+    fixed before any score, e.g. steps / eval_every): 1 / (K + 1) for each of the first K looks, and
+    1 / (j (j + 1)) after them (a run longer than planned still has sum_{j > K} 1 / (j (j + 1)) = 1 / (K + 1))."""
+    j = np.asarray(j, dtype=float)
+    tail = 1.0 / (j * (j + 1.0))
+    return tail if horizon <= 0 else np.where(j <= horizon, 1.0 / (horizon + 1.0), tail)
+
+
+def pair_alpha(alpha: float, k: np.ndarray | int, j: np.ndarray | int | None = None,
+               horizon: int = 0) -> np.ndarray | float:
     """The level of each reference's sequence at the j-th judged look, which has k earlier checkpoints:
-    alpha / (j (j + 1) k); j = k without a warm-up, i.e. alpha / (k^2 (k + 1))."""
+    alpha * look_weight(j, horizon) / k; j = k without a warm-up, i.e. alpha / (k^2 (k + 1)) with no horizon."""
     k = np.asarray(k, dtype=float)
     j = k if j is None else np.asarray(j, dtype=float)
-    return alpha / (j * (j + 1.0) * k)
+    return alpha * look_weight(j, horizon) / k
 
 
 # --------------------------------------------------------------------------- 4. the detector
@@ -173,7 +210,8 @@ class Comparison:
 class PairedMonitor(Monitor):
     """One run's state: every checkpoint's per-prompt scores so far (NaN where a prompt was not scored)."""
 
-    __slots__ = ("det", "steps", "prompts", "rows", "n_opt", "verdict", "comparisons", "kept_step", "pair")
+    __slots__ = ("det", "steps", "prompts", "rows", "n_opt", "verdict", "comparisons", "kept_step", "pair",
+                 "prompt_counts")
 
     def __init__(self, det: PairedStop):
         self.det = det
@@ -185,6 +223,7 @@ class PairedMonitor(Monitor):
         self.comparisons: list[Comparison] = []
         self.kept_step = math.nan  # the checkpoint to keep once stopped
         self.pair: tuple[float, float] | None = None  # (reference step, current step) when EXTEND
+        self.prompt_counts: dict[tuple[int, int], set[int]] = {}  # (reference, current) -> prompt counts judged at
 
     # ---- feeding scores
     def observe(self, cp: Checkpoint, scores: Mapping[str, float] | np.ndarray | None = None) -> bool:
@@ -259,9 +298,16 @@ class PairedMonitor(Monitor):
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = d0.sum(axis=1) / n
             sd = np.sqrt(np.where(seen, (d - mean[:, None]) ** 2, 0.0).sum(axis=1) / (n - 1))
-        a = pair_alpha(det.alpha, k, k - first + 1)
-        radius = cs_radius(np.maximum(n, 1), sd, a, mixture_r(self.n_opt, a))
+        a = pair_alpha(det.alpha, k, k - first + 1, det.horizon)
+        radius = det.radius(np.maximum(n, 1), sd, a, self.n_opt)
         judged = n >= det.min_prompts
+        if det.prompt_looks:  # each pair is judged at no more than prompt_looks prompt counts
+            for j in np.flatnonzero(judged):
+                counts = self.prompt_counts.setdefault((int(j), k), set())
+                if int(n[j]) not in counts and len(counts) >= det.prompt_looks:
+                    judged[j] = False
+                else:
+                    counts.add(int(n[j]))
         upper, lower = mean + radius, mean - radius
         self.comparisons = [Comparison(self.steps[j], self.steps[k], int(n[j]), float(mean[j]), float(sd[j]),
                                        float(lower[j]), float(upper[j]), float(a)) for j in np.flatnonzero(judged)]
@@ -276,7 +322,11 @@ class PairedMonitor(Monitor):
             self.verdict = Verdict.STOP
             return True
         closest = int(np.argmin(up))
-        if mean[closest] < -det.margin:
+        promising = mean[closest] < -det.margin
+        if promising and det.extend_factor:  # would the same mean and SD on extend_factor x the prompts settle it?
+            n_more = det.extend_factor * n[closest]
+            promising = bool(mean[closest] + det.radius(n_more, sd[closest], a, self.n_opt) < -det.margin)
+        if promising:
             self.verdict = Verdict.EXTEND
             self.pair = (self.steps[closest], self.steps[k])
         else:
@@ -299,7 +349,11 @@ class PairedStop(Detector):
     in the score's units. A pair is judged once it shares `min_prompts` prompts (the sequence plugs in the sample
     SD, valid as the prompt count grows); `prompts_opt` is where the sequence is tightest (default: the first
     checkpoint's prompt count, the gate's design). The first `warmup` checkpoints are references only, never
-    judged (early training dips and recovers; the spending then starts at the first judged look).
+    judged (early training dips and recovers; the spending then starts at the first judged look). `horizon`: the
+    judged looks the run plans (0: unknown; alpha / (j (j + 1)) at the j-th). `prompt_looks`: the most prompt counts
+    a pair is judged at (the gate's, then each extension batch; 0: any, with the confidence sequence).
+    `extend_factor`: EXTEND only when the same mean and SD on extend_factor x the prompts would settle the pair
+    (0: on any decline beyond the margin), so the gate's extra eval goes where it can decide.
 
     Needs per-prompt scores (`monitor.observe(cp, scores)`, or `rlhfops detect --prompts`): on means alone it
     never stops. The math is in this module's comments, top to bottom."""
@@ -309,7 +363,7 @@ class PairedStop(Detector):
     needs = ("prompt_scores",)
 
     def __init__(self, alpha: float = 0.02, margin: float = 0.0, min_prompts: int = 10, prompts_opt: int = 0,
-                 warmup: int = 0):
+                 warmup: int = 0, horizon: int = 0, prompt_looks: int = 3, extend_factor: float = 4.0):
         if not 0.0 < alpha < 1.0:
             raise ValueError("paired: alpha must be in (0, 1)")
         if not (math.isfinite(margin) and margin >= 0.0):
@@ -321,19 +375,37 @@ class PairedStop(Detector):
         if warmup < 0:
             raise ValueError("paired: warmup must be >= 0 (checkpoints that are references only)")
         self.warmup = int(warmup)
+        if horizon < 0 or prompt_looks < 0:
+            raise ValueError("paired: horizon and prompt_looks must be >= 0 (0: no planned count)")
+        self.horizon, self.prompt_looks = int(horizon), int(prompt_looks)
+        if not (math.isfinite(extend_factor) and (extend_factor == 0.0 or extend_factor > 1.0)):
+            raise ValueError("paired: extend_factor must be 0 (extend on any decline beyond the margin) or > 1")
+        self.extend_factor = float(extend_factor)
+
+    def radius(self, n: np.ndarray | float, sd: np.ndarray | float, a: float, n_opt: float) -> np.ndarray:
+        """The bound's half-width for a pair at level a: the confidence sequence over any number of prompt counts
+        (prompt_looks 0), else the one-sided t bound over at most prompt_looks counts."""
+        if self.prompt_looks:
+            return fixed_radius(n, sd, a, self.prompt_looks)
+        return cs_radius(n, sd, a, mixture_r(n_opt, a))
 
     def start(self) -> PairedMonitor:
         return PairedMonitor(self)
 
     def params(self) -> dict[str, Any]:
         return {"alpha": self.alpha, "margin": self.margin, "min_prompts": self.min_prompts,
-                "prompts_opt": self.prompts_opt, "warmup": self.warmup}
+                "prompts_opt": self.prompts_opt, "warmup": self.warmup, "horizon": self.horizon,
+                "prompt_looks": self.prompt_looks, "extend_factor": self.extend_factor}
 
     # ------------------------------------------------------------------- 5. many runs at once
-    def scan_scores(self, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def scan_scores(self, scores: np.ndarray, counts: tuple[int, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The monitor's decisions over many runs with complete records, vectorised over runs:
         `scores[runs, checkpoints, prompts]` (higher is better, no NaN). Returns per run the index of the checkpoint
         where the rule stops (-1: never) and the index of the checkpoint it keeps (-1 when not stopped).
+
+        `counts` (increasing prompt counts, the last at most `prompts`; default: all of them): every pair is judged
+        on its first n prompts for each n in `counts`, the worst case of the gate's extension (every pair extended
+        through the whole pool at every look); the sequence is tightest at the first count, the gate's own.
 
         Per look k it needs, for every earlier checkpoint s, the mean and SD of y_k - y_s over prompts: the mean is
         m_k - m_s (checkpoint means) and the sum of squared deviations is C_kk + C_ss - 2 C_ks, C the prompts'
@@ -342,29 +414,38 @@ class PairedStop(Detector):
         if y.ndim != 3 or not np.isfinite(y).all():
             raise ValueError("scan_scores: need a finite array [runs, checkpoints, prompts]")
         runs, steps, p = y.shape
+        counts = (p,) if counts is None else tuple(int(n) for n in counts)
+        if any(b <= a for a, b in zip(counts, counts[1:], strict=False)) or counts[-1] > p:
+            raise ValueError(f"scan_scores: counts {counts} must increase and be at most the {p} prompts")
+        if self.prompt_looks and len(counts) > self.prompt_looks:
+            raise ValueError(f"scan_scores: {len(counts)} prompt counts, but prompt_looks is {self.prompt_looks}")
         stop = np.full(runs, -1, dtype=np.int64)
         kept = np.full(runs, -1, dtype=np.int64)
-        if p < self.min_prompts or steps < 2:
+        counts = tuple(n for n in counts if n >= self.min_prompts)
+        if not counts or steps < 2:
             return stop, kept
-        m = y.mean(axis=2)
-        yc = y - m[:, :, None]
-        c = np.einsum("rsp,rtp->rst", yc, yc)
-        diag = np.einsum("rss->rs", c)
-        n_opt = float(self.prompts_opt or max(p, self.min_prompts))
+        n_opt = float(self.prompts_opt or max(counts[0], self.min_prompts))
+        moments = []
+        for n in counts:
+            m = y[:, :, :n].mean(axis=2)
+            yc = y[:, :, :n] - m[:, :, None]
+            c = np.einsum("rsp,rtp->rst", yc, yc)
+            moments.append((n, m, c, np.einsum("rss->rs", c)))
         first = max(1, self.warmup)
         for k in range(first, steps):
-            live = stop < 0
-            if not live.any():
-                break
-            mean = m[live, k, None] - m[live, :k]
-            ss = np.maximum(diag[live, k, None] + diag[live, :k] - 2.0 * c[live, k, :k], 0.0)
-            sd = np.sqrt(ss / (p - 1))
-            a = float(pair_alpha(self.alpha, k, k - first + 1))
-            upper = mean + cs_radius(p, sd, a, mixture_r(n_opt, a))
-            fired = (upper < -self.margin).any(axis=1)
-            idx = np.flatnonzero(live)[fired]
-            stop[idx] = k
-            kept[idx] = np.argmin(mean[fired], axis=1)
+            a = float(pair_alpha(self.alpha, k, k - first + 1, self.horizon))
+            for n, m, c, diag in moments:
+                live = stop < 0
+                if not live.any():
+                    return stop, kept
+                mean = m[live, k, None] - m[live, :k]
+                ss = np.maximum(diag[live, k, None] + diag[live, :k] - 2.0 * c[live, k, :k], 0.0)
+                sd = np.sqrt(ss / (n - 1))
+                upper = mean + self.radius(n, sd, a, n_opt)
+                fired = (upper < -self.margin).any(axis=1)
+                idx = np.flatnonzero(live)[fired]
+                stop[idx] = k
+                kept[idx] = np.argmin(mean[fired], axis=1)
         return stop, kept
 
 

@@ -4,11 +4,13 @@ per-prompt corpus (`data/prompts/`, declared in its DECLARATION.md): the same ru
     rlhfops paired-report --corpus data/prompts --parts tune,report --out docs/detectors.md
 
 Per run, the paired rule sees at every checkpoint the gate's own 64 per-prompt gold scores (held-out batch 0). When
-it is undecided and its point estimate says decline (`wants_more_evidence`), the replay gives it the next recorded
-extension batch (32 held-out prompts, sampled with that batch's fixed seed) for the two checkpoints in question, as
-`Trainer.extend_gate` does live, until the rule decides, the recorded pool (two batches) is spent or the run's
-extension budget (`budget_frac` x the fixed gate's prompt evaluations over the whole run) would be exceeded. The
-extra prompt evaluations are counted, and their seconds are the recorded pool's eval seconds per prompt.
+it is undecided and more prompts could settle a decline (`wants_more_evidence`), the replay gives it the next
+recorded extension batch (32 held-out prompts, sampled with that batch's fixed seed) for the two checkpoints in
+question, as `Trainer.extend_gate` does live, until the rule decides, the recorded pool (two batches) is spent or
+the run's extension budget (`budget_frac` x the fixed gate's prompt evaluations up to the current checkpoint) would
+be exceeded. The extra prompt evaluations are counted, and their seconds are the recorded pool's eval seconds per
+prompt. The rule knows the corpus's design, fixed before any run was recorded: 20 judged looks (`horizon`) and at
+most 3 prompt counts per pair (`prompt_looks`: the gate's 64, then 96 and 128).
 NoisePatience (its configured defaults) sees the same checkpoints' means and SEs (the trace's `eval_score`,
 `eval_se`). Labels and gold peaks: `eval.corpus.hindsight_label` on the trace (data/curves/LABELS.md).
 
@@ -35,6 +37,7 @@ from eval.traces import Run, peak_index, runs_from_trace, usefulness
 GATE_PROMPTS = 64
 EXTRA_BATCH = 32
 POOL_BATCHES = 2
+PLANNED_LOOKS = 20
 BEGIN = "<!-- paired-corpus:begin -->"
 END = "<!-- paired-corpus:end -->"
 
@@ -87,9 +90,11 @@ def _batch(scores_row: np.ndarray, b: int) -> dict[str, float]:
     return {str(i): float(scores_row[i]) for i in range(lo, hi)}
 
 
-def replay_paired(det, run: Run, scores: np.ndarray, budget: float, pool_s: np.ndarray | None = None,
+def replay_paired(det, run: Run, scores: np.ndarray, budget_frac: float, pool_s: np.ndarray | None = None,
                   whole_pool: bool = False) -> dict:
-    """One run through the paired rule with the gate's extension (see the module docstring). Returns stop index
+    """One run through the paired rule with the gate's extension (see the module docstring): at checkpoint k the
+    extension may have spent at most `budget_frac` x the fixed gate's prompt evaluations up to k (so a run's extra
+    eval never exceeds that fraction of its gate's, wherever it stops). Returns stop index
     (None: never), kept index, extra prompt evaluations, extra eval seconds, the fixed gate's evaluations.
     `whole_pool`: a fixed gate of all 128 recorded prompts at every checkpoint instead (no extension; the pool's
     64 prompts per checkpoint counted as extra eval)."""
@@ -110,7 +115,7 @@ def replay_paired(det, run: Run, scores: np.ndarray, budget: float, pool_s: np.n
             pair = [int(np.searchsorted(run.steps, s)) for s in monitor.pair]
             b = 1 + min(have[i] for i in pair)
             cost = sum(EXTRA_BATCH for i in pair if have[i] < b)
-            if b > POOL_BATCHES or extra + cost > budget:
+            if b > POOL_BATCHES or extra + cost > budget_frac * GATE_PROMPTS * (k + 1):
                 break
             for i in pair:
                 if have[i] < b:
@@ -150,8 +155,7 @@ def verdict_rows(part: PartRuns, det, budget_frac: float | None, whole_pool: boo
         if budget_frac is None:
             r = replay_means(det, run)
         else:
-            budget = budget_frac * GATE_PROMPTS * len(run.steps)
-            r = replay_paired(det, run, part.scores[run.run_id], budget, part.pool_s_per_prompt[run.run_id],
+            r = replay_paired(det, run, part.scores[run.run_id], budget_frac, part.pool_s_per_prompt[run.run_id],
                               whole_pool)
         row = {"run_id": run.run_id, "label": run.label, "stopped": int(r["stop_i"] is not None),
                "stop_step": run.steps[r["stop_i"]] if r["stop_i"] is not None else math.nan,
@@ -257,7 +261,9 @@ def keep_section(doc: Path, text: str) -> str:
 def run_report(corpus: Path, parts: list[str], budget_frac: float = 0.25) -> tuple[dict, dict]:
     from eval.detectors import DEFAULT_DETECTOR, make_detector
 
-    paired = make_detector("paired")
+    # the corpus's design, fixed before any run was recorded (DECLARATION.md): 100 steps, a gate every 5 steps,
+    # so 20 judged looks after step 0; the gate's 64 prompts plus two extension batches: 3 prompt counts per pair
+    paired = make_detector("paired", horizon=PLANNED_LOOKS, prompt_looks=1 + POOL_BATCHES)
     means = make_detector(DEFAULT_DETECTOR)
     results: dict[str, dict[str, dict]] = {}
     for part in parts:

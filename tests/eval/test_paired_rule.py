@@ -255,9 +255,10 @@ def test_the_kept_checkpoint_is_the_one_the_current_is_furthest_below():
 
 def test_extend_then_more_prompts_settle_it():
     """A decline the first 16 prompts cannot tell from noise: the verdict is EXTEND for (best, current); scoring
-    the pool's next prompts for those two checkpoints makes the same decline certain."""
+    the pool's next prompts for those two checkpoints makes the same decline certain (the confidence sequence:
+    any number of prompt counts, extend on any decline)."""
     rng = np.random.default_rng(2)
-    det = PairedStop(alpha=0.02, margin=0.0, min_prompts=10)
+    det = PairedStop(alpha=0.02, margin=0.0, min_prompts=10, prompt_looks=0, extend_factor=0.0)
     pool = 400
     difficulty = rng.normal(size=pool)
     y0 = difficulty + rng.normal(0.0, 0.3, pool)
