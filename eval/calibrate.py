@@ -135,12 +135,28 @@ def calibration_groups(det: Detector, runs) -> list[tuple[str, list]]:
 
 def write_config(name: str, params: dict[str, Any], target: float, fleet: str, runs: int, stopped: int,
                  path: Path | None = None, note: str = "") -> Path:
-    """Record the calibrated thresholds in the versioned config (version bumped, a changelog line added)."""
+    """Record the calibrated thresholds in the versioned config (version bumped, a changelog line added). An existing
+    config is read by the one strict reader (`common.config.read_config_mapping`, as `make_detector` reads it): an
+    empty file, a key given twice, a top level that is not a mapping, a `version` that is not a whole number, a
+    `detectors` that is not a mapping or a `changelog` that is not a list is BadInput naming the file and the field,
+    and the file is left as it was. A missing file is started."""
     import yaml
 
+    from common.config import read_config_mapping
+    from common.errors import BadInput
+
     path = path or DETECTOR_CONFIG
-    doc = (yaml.safe_load(path.read_text()) if path.is_file() else None) or {}
-    version = int(doc.get("version", 0)) + 1
+    doc: dict[str, Any] = read_config_mapping(path, "detector config")[0] if path.is_file() else {}
+    where = f"detector config: '{path}'"
+    v = doc.get("version", 0)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise BadInput(f"{where}: field 'version': {v!r} is not a whole number >= 0 (write it unquoted, e.g. "
+                       "version: 9)")
+    for field, kind, example in (("detectors", dict, "a mapping of detector names"),
+                                 ("changelog", list, "a list of lines")):
+        if field in doc and not isinstance(doc[field], kind):
+            raise BadInput(f"{where}: field '{field}' must be {example}, not a {type(doc[field]).__name__}")
+    version = v + 1
     doc["version"] = version
     doc.setdefault("detectors", {})[name] = {
         "params": params,
