@@ -224,3 +224,36 @@ def test_true_peak_tie_goes_to_the_earlier_checkpoint(coalesce):
     jobs = job_table(wl, res)
     assert jobs["detection_delay"].tolist() == [1]
     assert jobs["regret"].tolist() == pytest.approx([0.0])  # kept index 1 (eval 0.7 > 0.6): clean 0.7 = the peak
+
+
+# ------------------------------------------------------------------------------------------ the scheduler names
+BASE_NAMES = "EvalSched, FIFO, LossAware, SJF, SJF-Est, SRTF, SRTF-Est"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("Magic", f"unknown scheduler 'Magic' (bases: {BASE_NAMES})"),
+    ("EvalStop+Nope", f"unknown base scheduler 'Nope' in 'EvalStop+Nope' (bases: {BASE_NAMES})"),
+    ("Eval-Stop+SRTF",
+     "cannot parse detector 'Eval-Stop' in 'Eval-Stop+SRTF' (e.g. EvalStop, StopAt0.65, EvalStop(k=3))"),
+    ("EvalStop(k)+SRTF", "detector argument 'k' in 'EvalStop(k)+SRTF' must be key=value"),
+])
+def test_a_bad_scheduler_name_is_refused_with_the_whole_message(spec, message):
+    with pytest.raises(ValueError) as err:
+        parse_scheduler(spec)
+    assert str(err.value) == message
+
+
+def test_scheduler_names_build_the_policy_and_detector_they_name():
+    from eval.stop_rules import EvalStop, StopAt
+    from scheduling.policies import EarlyStop, _number
+
+    assert type(parse_scheduler("  SRTF-Est ")) is SRTFEst and type(parse_scheduler("SRTF")) is SRTFEst
+    assert type(parse_scheduler("SJF")) is SJFEst and type(parse_scheduler("EvalSched")) is EvalSched
+    stop = parse_scheduler("StopAt0.4+SJF-Est")
+    assert type(stop) is EarlyStop and type(stop.base) is SJFEst and type(stop.detector) is StopAt
+    assert stop.detector.p == 0.4 and stop.job_types == ("rlhf",) and stop.name == "StopAt0.4+SJF"
+    es = parse_scheduler("EvalStop3+LossAware")
+    assert type(es.detector) is EvalStop and es.detector.k == 3 and es.job_types is None
+    assert es.name == "EvalStop(k=3)+LossAware" and es.preemptive and not es.rank_never_worsens
+    assert parse_scheduler("EvalStop( k = 4 )+FIFO").detector.k == 4
+    assert (_number("3"), type(_number("3")), _number("0.25"), type(_number("0.25"))) == (3, int, 0.25, float)
