@@ -125,10 +125,17 @@ def run_trial(request, observer: Observer | None = None, *, checked: Any = None,
                         pruned_at=pruned_at, error=error, records=records, scores=scores)
 
 
+#: one checkpoint scored at a time in this process: transformers' `from_pretrained` is not thread-safe (two trial
+#: threads loading checkpoints at once get corrupted weights and score them at -2 or NaN, so a trial silently kept
+#: an earlier checkpoint, and its kept score moved with how the two trials' scoring overlapped)
+_SCORE_LOCK = threading.Lock()
+
+
 class _TrialHooks(JobHooks):
     """The lifecycle's in-process hooks, except that a checkpoint which cannot be scored (diverged weights) is
-    skipped rather than failing the trial: a sweep explores settings that diverge. (The worker is the lifecycle's
-    own: `run_trial` empties the trial's directory first, so it starts fresh.)"""
+    skipped rather than failing the trial: a sweep explores settings that diverge; and checkpoints are scored one at
+    a time across the sweep's trial threads (`_SCORE_LOCK`). (The worker is the lifecycle's own: `run_trial` empties
+    the trial's directory first, so it starts fresh.)"""
 
     def score(self, spec, checkpoints):
         from training.lifecycle import step_of
@@ -136,7 +143,8 @@ class _TrialHooks(JobHooks):
         out = []
         for ckpt in checkpoints:
             try:
-                out += super().score(spec, [ckpt])
+                with _SCORE_LOCK:
+                    out += super().score(spec, [ckpt])
             except Exception as err:  # noqa: BLE001 - a diverged checkpoint (NaN weights) cannot be kept: skip it
                 out.append({"checkpoint": ckpt, "step": step_of(ckpt), "eval_score": math.nan,
                             "eval_se": math.nan, "error": f"{type(err).__name__}: {err}"})
