@@ -19,6 +19,7 @@ from eval.health import Catalog
 from eval.paired import PairedStop, Verdict
 from eval.supervisor import RunSupervisor
 from infra.ledger import Ledger
+from tiny_job import tiny_config
 from training.config import TrainConfig
 from training.gate import GATE_RECORDS, RECORD_COLUMNS, batch_seed, heldout_batches
 from training.lifecycle import gate_evidence
@@ -28,23 +29,7 @@ from training.trainer import Trainer, gold_eval, latest_checkpoint
 
 
 def tiny(cache_dir, **over) -> TrainConfig:
-    raw = {
-        "seed": 5, "steps": 4, "cache_dir": str(cache_dir),
-        "policy": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
-        "reward": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
-        "task": {"n_train_prompts": 24, "n_heldout_prompts": 16, "n_pairs": 32, "rm_epochs": 1, "sft_steps": 8,
-                 "long_mean_len": 10.0},
-        "ppo": {"batch_size": 4, "max_new_tokens": 16, "num_ppo_epochs": 2, "num_mini_batches": 2},
-        "oppo": {"chunk_size": 4, "tune_chunk": False, "delta_init": 2, "delta_window": 1},
-        "checkpoint_every": 2, "eval_every": 2, "eval_prompts": 8, "eval_extra_batch": 4,
-    }
-    raw.update(over)
-    return TrainConfig.model_validate(raw)
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
+    return tiny_config(cache_dir, **{"seed": 5, "n_heldout_prompts": 16, "eval_extra_batch": 4, **over})
 
 
 def varied_gold(prompt: str, text: str, cfg) -> float:

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from common.errors import BadInput
+from tiny_job import tiny_config
 from training.config import TrainConfig, load_config
 from training.metrics import StepRecord
 from training.trace import TRACE_COLUMNS, export_trace
@@ -17,24 +18,7 @@ TIMING = {"wall_s", "phase_rollout_s", "phase_score_s", "phase_sync_s", "phase_o
 
 
 def tiny(cache_dir, **over) -> TrainConfig:
-    raw = {
-        "seed": 3, "steps": 4, "cache_dir": str(cache_dir),
-        "policy": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
-        "reward": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
-        "task": {"n_train_prompts": 24, "n_heldout_prompts": 8, "n_pairs": 32, "rm_epochs": 1, "sft_steps": 8,
-                 "long_mean_len": 10.0},
-        "ppo": {"batch_size": 4, "max_new_tokens": 16, "num_ppo_epochs": 2, "num_mini_batches": 2},
-        "oppo": {"chunk_size": 4, "tune_chunk": False, "delta_init": 2, "delta_window": 1},
-        "checkpoint_every": 2, "eval_every": 2, "eval_prompts": 8,
-    }
-    for k, v in over.items():
-        raw[k] = {**raw.get(k, {}), **v} if isinstance(v, dict) else v
-    return TrainConfig.model_validate(raw)
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
+    return tiny_config(cache_dir, **{"seed": 3, "n_heldout_prompts": 8, **over})
 
 
 @pytest.mark.parametrize("overlap", ["none", "intra", "inter", "full"])
