@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from cli_helpers import run_cli
 
 from common.errors import BadInput
 from eval.calibrate import write_config
-from tests.cli_helpers import run_cli
 
 GOOD = """\
 version: 3

@@ -14,12 +14,12 @@ import math
 
 import numpy as np
 import pytest
+from tiny_job import tiny_config
 
 from eval.health import Catalog
 from eval.paired import PairedStop, Verdict
 from eval.supervisor import RunSupervisor
 from infra.ledger import Ledger
-from tiny_job import tiny_config
 from training.config import TrainConfig
 from training.gate import GATE_RECORDS, RECORD_COLUMNS, batch_seed, heldout_batches
 from training.lifecycle import gate_evidence

@@ -6,9 +6,9 @@ import math
 
 import pytest
 import yaml
+from tiny_job import tiny_config
 
 from common.errors import BadInput
-from tiny_job import tiny_config
 from training.config import TrainConfig, load_config
 from training.metrics import StepRecord
 from training.trace import TRACE_COLUMNS, export_trace
