@@ -32,7 +32,8 @@ ExperimentName = Literal["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E8"]
 #: infra.provision.RUNNERS
 RunnerKind = Literal["thread", "ray"]
 #: training.canaries.CANARIES
-CanaryName = Literal["control", "frozen_sync", "constant_reward", "oversized_lr", "gameable_reward"]
+CanaryName = Literal["control", "frozen_sync", "constant_reward", "oversized_lr", "gameable_reward",
+                     "behaviour_mismatch", "duplicated_carry"]
 
 
 #: the default round: five tenants, one job each; two are set up to over-optimise the proxy reward
@@ -76,7 +77,7 @@ def platform_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
     raw.update(name="platform-ppo", eval_every=2, checkpoint_every=2, eval_prompts=32, eval_extra_batch=16,
                eval_extra_budget=64)
     raw["task"]["n_heldout_prompts"] = 96
-    raw["oppo"] = {"torch_threads": 1}
+    raw["oppo"] = {"torch_threads": 1, "tune_chunk": False}
     return raw
 
 

@@ -83,4 +83,10 @@ def register(app: typer.Typer) -> None:
             table.add_row(str(r.start_order + 1), r.tenant, r.job, r.decision, r.state, str(int(r.steps)),
                           str(r.best_step), f"{r.best_eval:+.3f}", f"{r.jct_s:.1f}", f"{r.cost_usd:.6f}")
         console.print(table)
+        from scheduling.live import describe_evidence
+
+        for _, r in df[df.decision == "stopped"].iterrows():  # what paused each paused job, in one line
+            evidence = json.loads(r.pause_evidence) if isinstance(r.pause_evidence, str) and r.pause_evidence else None
+            console.print(f"{r.tenant}/{r.job} paused at step {r.stopped_at:g} (best step {r.best_step}): "
+                          f"{describe_evidence(evidence)}")
         console.print(f"results: {out}/jobs.csv, {out}/ledger.csv; MLflow: mlflow ui --backend-store-uri {uri}")

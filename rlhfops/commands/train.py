@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -25,26 +26,36 @@ def register(app: typer.Typer) -> None:
         fresh: bool = typer.Option(False, "--fresh", help="ignore checkpoints in the run directory and start over"),
         trace: Path = typer.Option(None, "--trace", help="also write a Trace CSV here (docs/ARCHITECTURE.md)"),
         label: int = typer.Option(None, "--label", help="Trace CSV label for this run: 1 hacking, 0 healthy"),
+        detector: str = typer.Option(None, "--detector", help="eval-gate detector, e.g. paired (the platform "
+                                     "round's gate) or evalstop: the job's supervisor runs it at every gate and a "
+                                     "stop pauses the run there (PAUSED_BY_GATE, best checkpoint kept, the evidence "
+                                     "in OUT/job.json; `rlhfops resume OUT` continues it). Default: no gate, every "
+                                     "step is trained"),
     ) -> None:
         """Train a policy with PPO (+ OPPO overlap); writes OUT/metrics.csv, OUT/checkpoints/, OUT/summary.json."""
+        from typing import get_args
+
         from common.validate import check_out_dir, check_out_file
-        from training.request import build, job_name, parse_request
+        from training.request import DetectorName, build, job_name, parse_request
 
         if label not in (None, 0, 1):
             raise BadInput("--label: must be 0 (healthy) or 1 (hacking)")
+        if detector is not None and detector not in get_args(DetectorName):
+            raise BadInput(f"--detector: '{detector}' is not one of {', '.join(get_args(DetectorName))}")
         out = out or Path("runs") / f"{config.stem}-{overlap}"
         check_out_dir(out, "out")
         check_out_file(trace, "trace")
-        # the job, as every entry point asks for one: one run directory (OUT itself), no eval gate, every step run
+        # the job, as every entry point asks for one: one run directory (OUT itself); with --detector its supervisor
+        # gates it as the platform does (the same builder, planned steps and rule), without one every step is run
         request = parse_request({"config": str(config), "overlap": overlap, "steps": steps, "tenant": "local",
-                                 "name": job_name(config.stem), "detector": None, "out_root": str(out),
+                                 "name": job_name(config.stem), "detector": detector, "out_root": str(out),
                                  "run_dir": ".", "resume": not fresh})
         checked = request.checked()
         # torch: only once the request is known good, so a config error is reported in under a second
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from rlhfops.console import make_console
-        from training.lifecycle import JobHooks, run_job
+        from training.lifecycle import JOB_DONE, JobHooks, job_record, run_job
         from training.rundir import locked_run_dir
         from training.trace import export_trace
         from training.trainer import Trainer
@@ -56,17 +67,20 @@ def register(app: typer.Typer) -> None:
 
             shutil.rmtree(out / "checkpoints", ignore_errors=True)
             (out / "metrics.csv").unlink(missing_ok=True)
+        (out / JOB_DONE).unlink(missing_ok=True)  # the record of an earlier run's end: this run writes its own
         console = make_console()
-        spec, supervisor = build(request, checked, run_id=f"{config.stem}-{overlap}", pausable=False,
-                                 run_through_pause=True)
+        gated = detector is not None
+        spec, supervisor = build(request, checked, run_id=f"{config.stem}-{overlap}", pausable=gated,
+                                 run_through_pause=not gated)
         total = spec.steps
         seen = {"first": 0, "last": None, "best": (-math.inf, 0), "task": None}
         progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             TextColumn("{task.fields[info]}"), console=console)
 
         class TrainHooks(JobHooks):
-            """`rlhfops train`'s side of the job: its own worker (resume unless --fresh), a progress bar, no
-            checkpoint scoring (the gold eval runs every `eval_every` steps inside training)."""
+            """`rlhfops train`'s side of the job: its own worker (resume unless --fresh), a progress bar; checkpoints
+            are scored only under a gate, to know the one a pause keeps (the gold eval runs every `eval_every` steps
+            inside training)."""
 
             def start_worker(self, spec):
                 trainer = Trainer(spec.config, spec.overlap, spec.out_dir, resume=not fresh,
@@ -85,7 +99,7 @@ def register(app: typer.Typer) -> None:
                 return None
 
             def score(self, spec, checkpoints):
-                return []
+                return super().score(spec, checkpoints) if gated else []
 
         with progress:
             outcome = run_job(spec, hooks=TrainHooks(), supervisor=supervisor)
@@ -103,6 +117,26 @@ def register(app: typer.Typer) -> None:
         )
         if paged:
             console.print(f"alerts paged: {', '.join(paged)} (run state {outcome.status.label})")
+        if gated:
+            import yaml
+
+            from scheduling.live import describe_evidence, evidence_of
+
+            record = job_record(outcome)
+            paused = outcome.status.state.value == "PAUSED_BY_GATE"
+            evidence = evidence_of(supervisor.gate_detector, supervisor.gate_monitor) if paused else None
+            # what `rlhfops resume OUT` reads: the job's end, its gate's evidence, the config it ran
+            (out / "config.resolved.yaml").write_text(yaml.safe_dump(spec.config.model_dump(mode="json"),
+                                                                     sort_keys=False))
+            (out / JOB_DONE).write_text(json.dumps({**record, "tenant": request.tenant, "name": request.name,
+                                                    "detector": detector, "evidence": evidence,
+                                                    "overlap": request.overlap, "gpus": request.gpus}, default=float))
+            if paused:
+                console.print(f"paused at step {record['paused_step']} by the eval gate ({record['reason']}); "
+                              f"kept checkpoint: step {record['best_step']}; evidence: "
+                              f"{describe_evidence(evidence)}; continue with: rlhfops resume {out}")
+            else:
+                console.print(f"eval gate ({detector}): no stop; run state {outcome.status.label}")
         if trace:
             n = export_trace(out / "metrics.csv", trace, run_id=f"{config.stem}-{overlap}", label=label)
             console.print(f"trace: {n} rows -> {trace}")

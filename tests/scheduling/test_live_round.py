@@ -109,6 +109,21 @@ def test_the_paired_evidence_names_the_comparison_that_stopped_the_job():
     assert ev["detector"] == "paired" and ev["params"]["alpha"] == 0.02
 
 
+def test_a_pause_is_described_by_its_difference_bound_prompts_and_reference():
+    from scheduling.live import describe_evidence
+
+    ev = {"detector": "paired", "params": {"alpha": 0.02, "margin": 0.05}, "kept_step": 12.0,
+          "comparisons": [{"reference_step": 10.0, "step": 16.0, "prompts": 64, "mean_diff": -0.2, "lower": -0.4,
+                           "upper": -0.06, "alpha": 1e-4},
+                          {"reference_step": 12.0, "step": 16.0, "prompts": 96, "mean_diff": -0.378, "lower": -0.7,
+                           "upper": -0.125, "alpha": 2.2e-4}]}
+    # the comparison with the lowest upper bound is the one described
+    assert describe_evidence(ev) == ("step 16 is 0.378 below step 12 on 96 paired prompts, upper bound -0.125 < "
+                                     "-margin -0.05 (level 2.2e-04); paired keeps step 12")
+    assert describe_evidence({"detector": "evalstop", "params": {"k": 2}}) == "evalstop(k=2) said stop"
+    assert describe_evidence(None) == "none recorded"
+
+
 def test_a_job_bigger_than_the_pool_is_refused_naming_it():
     with pytest.raises(ValueError, match=r"jobs\[1\]\.gpus: 3 does not fit a pool of 2 slots"):
         _round(est=[1, 2], gpus=[1, 3], slots=2)
