@@ -16,7 +16,7 @@ import pytest
 from scipy import stats
 
 from eval.detector_base import Checkpoint
-from eval.paired import PairedStop, Verdict, cs_radius, mixture_r, pair_alpha, paired_diff
+from eval.paired import PairedStop, Verdict, cs_radius, fixed_radius, look_weight, mixture_r, pair_alpha, paired_diff
 
 # --------------------------------------------------------------------------- paired differences
 
@@ -91,6 +91,29 @@ def test_alpha_spent_over_looks_and_references_sums_to_alpha():
     assert float(pair_alpha(0.02, 5, 1)) == pytest.approx(0.02 / 2 / 5)
 
 
+def test_a_planned_horizon_spends_evenly_then_keeps_a_tail():
+    # horizon 20: looks 1..20 get 1/21 each (20/21 in all); looks 21, 22, ... get 1/(j (j + 1)), which telescopes to
+    # 1/21: the shares still sum to 1 however long the run goes on
+    j = np.arange(1, 400001, dtype=float)
+    w = look_weight(j, 20)
+    assert w[:20] == pytest.approx(np.full(20, 1 / 21)) and w[20] == pytest.approx(1 / (21 * 22))
+    assert w.sum() == pytest.approx(1.0 - 1 / 400001, rel=1e-9) and w.sum() <= 1.0
+    # the 15th look of 20 planned, 15 references: 0.02 / 21 / 15 (without a plan: 0.02 / (15 * 16) / 15)
+    assert float(pair_alpha(0.02, 15, 15, 20)) == pytest.approx(0.02 / 21 / 15)
+    assert float(pair_alpha(0.02, 15, 15, 0)) == pytest.approx(0.02 / 240 / 15)
+    # a warm-up of 3 with 17 planned judged looks: the checkpoint with 5 earlier ones is the 3rd judged look
+    assert float(pair_alpha(0.02, 5, 3, 17)) == pytest.approx(0.02 / 18 / 5)
+
+
+def test_fixed_count_bound_by_hand():
+    # one-sided t bound at a / looks: n 64, SD 0.8, a 3e-5, 3 looks -> t_{63} upper 1e-5 quantile x 0.8 / 8
+    assert float(fixed_radius(64, 0.8, 3e-5, 3)) == pytest.approx(stats.t.isf(1e-5, 63) * 0.1, rel=1e-12)
+    # it is about 4.6 SEs there, narrower than the sequence at the same level tuned for 64 prompts (about 5.2)
+    se = 0.8 / 8
+    assert 4.4 < float(fixed_radius(64, 0.8, 3e-5, 3)) / se < 4.8
+    assert float(cs_radius(64, 0.8, 3e-5, mixture_r(64, 3e-5))) / se > 5.0
+
+
 def test_the_sequence_holds_at_every_prompt_count_where_a_peeked_interval_does_not():
     """A single sequence, looked at after every prompt from 10 to 1000: it misses the true mean at some look in
     at most alpha of the streams; the fixed-n 90% interval, looked at as often, misses in far more."""
@@ -140,20 +163,33 @@ def _healthy_curves(steps: int, margin: float) -> dict[str, tuple[float, np.ndar
     }
 
 
+# how the bound is built -> (PairedStop parameters, prompts per checkpoint, prompt counts every pair is judged at)
+MECHANISMS = {
+    # the confidence sequence over prompts, alpha / (j (j + 1)) over looks: valid at any number of prompt counts
+    "sequence, no horizon": (lambda steps: {"prompt_looks": 0, "extend_factor": 0.0}, 64, None),
+    # the defaults with the run's planned looks: a t bound over the gate's 3 counts, alpha / (horizon + 1) per look;
+    # every pair judged at 64, 96 and 128 prompts at every look (the extension's worst case)
+    "defaults, planned horizon, every pair extended": (lambda steps: {"horizon": steps - 1}, 128, (64, 96, 128)),
+}
+
+
+@pytest.mark.parametrize("mechanism", list(MECHANISMS))
 @pytest.mark.parametrize("steps", [10, 30, 100])
-def test_coverage_healthy_runs_are_stopped_at_most_alpha(steps):
+def test_coverage_healthy_runs_are_stopped_at_most_alpha(steps, mechanism):
     """The rule at its default alpha 0.02, with no margin or a margin of 0.1, on healthy runs of 10, 30 and 100
     checkpoints: every earlier checkpoint is a candidate reference, the kept one is the best so far. Stops <= alpha
     within a binomial bound (one-sided, 0.1%)."""
-    rng = np.random.default_rng(steps)
+    params, prompts, counts = MECHANISMS[mechanism]
+    rng = np.random.default_rng(steps + (1000 if counts else 0))
     runs = {10: 1000, 30: 600, 100: 300}[steps]
     bound = stats.binom.isf(0.001, runs, 0.02)
     for case, (margin, mu) in _healthy_curves(steps, 0.1).items():
-        det = PairedStop(alpha=0.02, margin=margin)
+        det = PairedStop(alpha=0.02, margin=margin, **params(steps))
         for noise in ("normal", "t5", "pass/fail"):
-            y = _runs(rng, runs, steps, 64, mu, tails=5.0 if noise == "t5" else 0.0, binary=noise == "pass/fail")
-            stop, _ = det.scan_scores(y)
-            print(f"\n{steps} checkpoints, {case}, {noise} noise: "
+            y = _runs(rng, runs, steps, prompts, mu, tails=5.0 if noise == "t5" else 0.0,
+                      binary=noise == "pass/fail")
+            stop, _ = det.scan_scores(y, counts)
+            print(f"\n{mechanism}, {steps} checkpoints, {case}, {noise} noise: "
                   f"{int((stop >= 0).sum())}/{runs} healthy runs stopped (bound {bound:g})")
             assert (stop >= 0).sum() <= bound, case
 
@@ -169,6 +205,20 @@ def test_coverage_at_a_loose_alpha_is_still_bounded(warmup):
     print(f"\nalpha 0.2, warm-up {warmup}, 16 prompts, 30 flat checkpoints: {int((stop >= 0).sum())}/{runs} stopped")
     assert (stop >= 0).sum() <= stats.binom.isf(0.001, runs, 0.2)
     assert (stop < 0).all() or stop[stop >= 0].min() >= max(1, warmup)
+
+
+@pytest.mark.parametrize(("horizon", "warmup"), [(9, 0), (5, 5)])
+def test_a_run_longer_than_its_horizon_keeps_the_bound(horizon, warmup):
+    """alpha 0.2, flat runs of 30 checkpoints planned for far fewer looks (and a warm-up): the looks past the plan
+    spend the tail, so stops stay <= alpha; with every pair judged at 3 prompt counts (16, 24, 32 prompts)."""
+    rng = np.random.default_rng(21 + horizon)
+    det = PairedStop(alpha=0.2, horizon=horizon, warmup=warmup)
+    runs = 1500
+    stop, _ = det.scan_scores(_runs(rng, runs, 30, 32, np.zeros(30)), counts=(16, 24, 32))
+    print(f"\nalpha 0.2, horizon {horizon}, warm-up {warmup}, 30 flat checkpoints: {int((stop >= 0).sum())}/{runs}")
+    assert (stop >= 0).sum() <= stats.binom.isf(0.001, runs, 0.2)
+    assert (stop >= 0).sum() >= 0.2 * runs / 4  # the planned looks do spend most of alpha: not vacuous
+    assert (stop >= 0).any() and (stop[stop >= 0] > horizon + max(1, warmup) - 1).any()  # and the tail is used
 
 
 # --------------------------------------------------------------------------- power and the kept checkpoint
@@ -282,6 +332,89 @@ def test_extend_then_more_prompts_settle_it():
     assert 16 < n < pool
 
 
+def _batches(y: np.ndarray, lo: int, hi: int) -> dict[str, float]:
+    return {f"q{j:03d}": float(y[j]) for j in range(lo, hi)}
+
+
+@pytest.mark.parametrize("horizon", [0, 23])
+def test_monitor_with_every_pair_extended_agrees_with_scan(horizon):
+    """Each checkpoint observed on its 64 gate prompts, then given the pool's two batches of 32 with a recheck after
+    each: every pair is judged at 64, 96 and 128 prompts, which `scan_scores(counts=(64, 96, 128))` computes at
+    once; stops and kept checkpoints agree run by run."""
+    rng = np.random.default_rng(8)
+    mu = np.concatenate([np.linspace(0, 0.6, 12), 0.6 - np.linspace(0, 0.25, 13)[1:]])
+    y = np.concatenate([_runs(rng, 20, len(mu), 128, mu, noise=0.5), _runs(rng, 10, len(mu), 128, np.zeros(len(mu)))])
+    det = PairedStop(alpha=0.05, horizon=horizon)
+    stop, kept = det.scan_scores(y, counts=(64, 96, 128))
+    assert 5 <= (stop[:20] >= 0).sum() < 20  # a mix of stopped and not: the comparison means something
+    for r in range(len(y)):
+        mon, got = det.start(), -1
+        for t in range(len(mu)):
+            done = mon.observe_scores(5.0 * t, _batches(y[r, t], 0, 64))
+            for lo in (64, 96):
+                if done:
+                    break
+                mon.add_scores(5.0 * t, _batches(y[r, t], lo, lo + 32))
+                done = mon.recheck()
+            if done:
+                got = t
+                break
+        assert got == stop[r]
+        if got >= 0:
+            assert mon.kept_step == 5.0 * kept[r]
+
+
+def test_a_pair_is_judged_at_no_more_than_prompt_looks_counts():
+    """A decline of 0.3 with SD 1 per prompt: unclear on 16 prompts, certain on 400. With prompt_looks 2 the pair
+    is judged at 16 and 32 prompts only: more prompts for it are ignored (the union covers 2 counts) and it never
+    stops; with prompt_looks 0 (the sequence: any count) the same prompts stop it."""
+    rng = np.random.default_rng(4)
+    pool = 400
+    y0 = rng.normal(size=pool)
+    y1 = y0 - 0.3 + rng.normal(0.0, 1.0, pool)
+    for looks, stops in ((2, False), (0, True)):
+        mon = PairedStop(alpha=0.02, prompt_looks=looks, extend_factor=0.0).start()
+        mon.observe_scores(0.0, _batches(y0, 0, 16))
+        assert not mon.observe_scores(1.0, _batches(y1, 0, 16))
+        counts = {c.n for c in mon.comparisons}
+        for lo in range(16, pool, 16):
+            mon.add_scores(0.0, _batches(y0, lo, lo + 16))
+            mon.add_scores(1.0, _batches(y1, lo, lo + 16))
+            if mon.recheck():
+                break
+            counts |= {c.n for c in mon.comparisons}
+        assert mon.verdict is (Verdict.STOP if stops else Verdict.CONTINUE)
+        if looks:
+            assert counts == {16, 32}
+
+
+def test_extend_only_where_more_prompts_could_settle_it():
+    """extend_factor 4: EXTEND when the same mean and SD on 4x the prompts would put the bound below -margin, worked
+    out by hand with the t bound; a small dip (there CONTINUE) still asks for more with extend_factor 0."""
+    rng = np.random.default_rng(12)
+    base = rng.normal(size=64)
+    noise = rng.normal(size=64)
+    noise = (noise - noise.mean()) / noise.std(ddof=1)  # exactly mean 0, SD 1
+    for drop, sd in ((0.03, 0.3), (0.13, 0.5), (0.5, 0.5)):
+        cur = base - drop + sd * noise  # d = cur - base: mean -drop, SD sd exactly
+        a = 0.02 / 2  # the first judged look, one reference, no horizon: alpha / (1 * 2) / 1
+        settled_now = bool(-drop + stats.t.isf(a / 3, 63) * sd / 8 < 0)
+        settled_4x = bool(-drop + stats.t.isf(a / 3, 255) * sd / 16 < 0)
+        for factor in (4.0, 0.0):
+            mon = PairedStop(alpha=0.02, extend_factor=factor).start()
+            mon.observe_scores(0.0, base)
+            stopped = mon.observe_scores(1.0, cur)
+            assert stopped is settled_now
+            if not settled_now:
+                want = settled_4x if factor else True
+                assert mon.wants_more_evidence() is want, (drop, sd, factor)
+                assert mon.verdict is (Verdict.EXTEND if want else Verdict.CONTINUE)
+    # the cases above cover each branch: (0.03, 0.3) neither, (0.13, 0.5) only with 4x, (0.5, 0.5) settled now
+    assert not (-0.03 + stats.t.isf(0.01 / 3, 255) * 0.3 / 16 < 0)
+    assert -0.13 + stats.t.isf(0.01 / 3, 255) * 0.5 / 16 < 0 < -0.13 + stats.t.isf(0.01 / 3, 63) * 0.5 / 8
+    assert -0.5 + stats.t.isf(0.01 / 3, 63) * 0.5 / 8 < 0
+
+
 def test_means_alone_and_few_prompts_never_stop():
     det = PairedStop()
     mon = det.start()
@@ -292,7 +425,8 @@ def test_means_alone_and_few_prompts_never_stop():
 
 
 @pytest.mark.parametrize("bad", [{"alpha": 0.0}, {"alpha": 1.0}, {"margin": -0.1}, {"margin": math.inf},
-                                 {"min_prompts": 1}, {"warmup": -1}])
+                                 {"min_prompts": 1}, {"warmup": -1}, {"horizon": -1}, {"prompt_looks": -1},
+                                 {"extend_factor": 1.0}, {"extend_factor": -2.0}, {"extend_factor": math.nan}])
 def test_parameters_are_checked(bad):
     with pytest.raises(ValueError, match="paired"):
         PairedStop(**bad)
