@@ -85,7 +85,9 @@ def register(app: typer.Typer) -> None:
         config = load_alerts_config(alerts)
         names = list(config.alerts)
         if only:
-            names = [n.strip() for n in only.split(",") if n.strip()]
+            from rlhfops.commands.args import comma_list
+
+            names = comma_list(only)
             if not names:
                 raise BadInput(f"--only: '{only}' names no alert (choose from: {', '.join(ALERTS)})")
             for n in names:

@@ -23,7 +23,9 @@ def register(app: typer.Typer) -> None:
         """Replay the per-prompt corpus through the paired rule (with the gate's extension batches) and the mean-only
         default on the same records: useful recall, false-stop rate (95% bounds), quality kept, delay, extra eval;
         prints the table and, with --out, writes it into that page."""
-        names = [p for p in parts.split(",") if p]
+        from rlhfops.commands.args import comma_list
+
+        names = comma_list(parts)
         if not names:
             raise BadInput("parts: name at least one part of the corpus, e.g. --parts tune,report")
         for part in names:

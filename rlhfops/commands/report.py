@@ -36,9 +36,10 @@ def register(app: typer.Typer) -> None:
 
         from infra import tracking as T
         from infra.reporting import nightly_report, report_markdown
+        from rlhfops.commands.args import comma_list
         from rlhfops.console import make_console
 
-        chosen = tuple(m.strip() for m in metrics.split(",") if m.strip())
+        chosen = tuple(comma_list(metrics))
         for m in chosen:
             if m not in METRICS:
                 raise BadInput(f"--metrics: unknown metric '{m}' (choose from: {', '.join(METRICS)})")

@@ -12,6 +12,7 @@ import typer
 
 from common.errors import BadInput
 from common.validate import check_out_file, check_workers
+from rlhfops.commands.args import parse_seeds
 from rlhfops.console import make_console, progress
 
 
@@ -43,16 +44,6 @@ def summary_table(summary, title: str):
                       _pct(r["fpr"]), f"{r['stopped']:.1f}", f"{r['jain']:.3f}",
                       "" if math.isnan(p) else f"{p:.3g}")
     return table
-
-
-def parse_seeds(text: str | None) -> list[int] | None:
-    """`--seeds 42,123`: the integers as typed (their range and repeats are the request's to check)."""
-    if text is None:
-        return None
-    try:
-        return [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise BadInput(f"--seeds '{text}': expected comma-separated integers, e.g. 42,123,456") from None
 
 
 def experiment_request(exp: str, seeds: str | None, jobs: int | None, gpus: int | None, overrides: list[str],

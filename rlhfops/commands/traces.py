@@ -48,12 +48,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train configs/ppo-hack.yaml (label 1) and configs/ppo-healthy.yaml (label 0) for each seed and write
         their eval-gate checkpoints as one Trace CSV (with the gate's standard error in `eval_se`)."""
+        from rlhfops.commands.args import parse_seeds
         from training.config import load_config
 
-        try:
-            seed_list = [int(s) for s in seeds.split(",") if s.strip()]
-        except ValueError:
-            raise BadInput(f"--seeds '{seeds}': expected comma-separated integers") from None
+        seed_list = parse_seeds(seeds)
         if not seed_list:
             raise BadInput("--seeds: give at least one seed")
         from common.validate import check_out_dir, check_out_file, check_seed
