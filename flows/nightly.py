@@ -19,7 +19,15 @@ from prefect.cache_policies import NO_CACHE
 
 from flows import progress
 from flows.evaluate import evaluate_checkpoint
-from flows.nightly_check import NIGHTLY_SWEEP_SPEC, NightlyPlan, check_nightly, nightly_job_config  # noqa: F401
+from flows.nightly_check import (  # noqa: F401
+    NIGHTLY_BENCH_BASELINE,
+    NIGHTLY_BENCH_CONFIG,
+    NIGHTLY_SWEEP_SPEC,
+    BenchPlan,
+    NightlyPlan,
+    check_nightly,
+    nightly_job_config,
+)
 from flows.params import CanaryName, ExperimentName, RunnerKind
 from flows.platform_round import platform_round
 from flows.rlhf_job import rlhf_job
@@ -88,6 +96,8 @@ class NightlyResult:
     platform: dict[str, Any] | None = None
     #: the sweep's summary (`flows.sweep.sweep`'s return)
     sweep: dict[str, Any] | None = None
+    #: the OPPO bench's summary (`stage_bench`): its ratios, the baseline comparison and the ratios that regressed
+    bench: dict[str, Any] | None = None
     #: tonight vs the last nightly, with where the time went
     report: str = ""
     #: the flow's wall, work, tracking and orchestration seconds
@@ -199,6 +209,53 @@ def stage_canaries(names: list[str], steps: int, fault_at: int, cache_dir: str, 
     return canary_df
 
 
+def stage_bench(plan: BenchPlan, out: Path, res: NightlyResult, mlflow_experiment: str) -> dict[str, Any]:
+    """7. The OPPO speed regression check (`rlhfops bench oppo --quick --baseline ...`: the same
+    `training.bench.regression_check`), its JSON and plot in OUT/bench-oppo.json|.png and on an MLflow run under the
+    nightly's, FAILED when a ratio regressed beyond its noise. Returns the summary the nightly shows."""
+    from training.bench import regression_check
+
+    settings = plan.settings
+    progress.reporter.stage(f"oppo bench: steps (4 modes x {len(settings['seeds'])} seeds, round-robin)",
+                            total=settings["steps"])
+    path = out / "bench-oppo.json"
+    with clock.span("work"):
+        result = regression_check(plan.config, settings, plan.baseline, plan.baseline_path, path, quick=True,
+                                  progress=lambda _done, _total: progress.reporter.advance())
+    cmp = result.get("baseline_comparison")
+    rows = cmp["rows"] if cmp else []
+    regressed = [r for r in rows if r["regressed"]]
+    summary = {"json": str(path), "plot": str(path.with_suffix(".png")), "baseline": plan.baseline_path or None,
+               "steps": settings["steps"], "seeds": settings["seeds"], "bench_wall_s": result["bench_wall_s"],
+               "load_mean_1m": result["load"]["mean_1m"], "speedup_gold": result["speedup_gold"],
+               "speedup": result["speedup"], "compared": cmp is not None, "rows": rows,
+               "regressed": [{"ratio": r["ratio"], "baseline_median": r["baseline_median"],
+                              "current_median": r["current_median"], "change": r["change"]} for r in regressed],
+               "ok": not regressed}
+    with clock.span("tracking"):
+        brun, _ = T.open_run(f"{res.flow_run_id}/bench-oppo", "bench oppo", mlflow_experiment, res.run_id,
+                             tags={T.KIND_TAG: "bench", T.TENANT_TAG: "platform", "ok": summary["ok"],
+                                   "baseline": plan.baseline_path or "(none)",
+                                   "regressed": ",".join(r["ratio"] for r in regressed) or None})
+        T.log_params(brun, {"steps": settings["steps"], "seeds": ",".join(map(str, settings["seeds"])),
+                            "smooth_window": settings["smooth_window"], "gate_every": settings["gate_every"],
+                            "target_frac": settings["target_frac"]})
+        T.log_metrics(brun, {**{f"{key}/{mode}": v for key in ("speedup", "speedup_gold", "step_time_speedup")
+                                for mode, v in result[key].items() if v is not None},
+                             **{f"change/{r['ratio']}": r["change"] for r in rows if r["change"] is not None},
+                             "regressed": float(len(regressed)), "bench_wall_s": result["bench_wall_s"],
+                             "load_mean_1m": result["load"]["mean_1m"]})
+        T.log_artifacts(brun, [path, path.with_suffix(".png")])
+        T.finish(brun, "FINISHED" if summary["ok"] else "FAILED")
+    summary["run_id"] = brun
+    if rows:
+        create_table_artifact(key="nightly-bench", table=[{k: r[k] for k in ("ratio", "baseline_median",
+                                                                           "current_median", "change", "regressed")}
+                                                          for r in rows],
+                              description="OPPO speed ratios against the baseline: REGRESSED = beyond their noise")
+    return summary
+
+
 def nightly_sweep_spec(spec: str, out: Path, flow_run_id: str, mlflow_experiment: str) -> dict[str, Any]:
     """Tonight's copy of a sweep spec: a study of its own (the spec's name + this flow run), its trials and SQLite
     study under the nightly's output directory, so each nightly starts a fresh study and never trips over last
@@ -235,7 +292,7 @@ def stage_sweep(spec: str, trials: int | None, out: Path, res: NightlyResult, ml
 
 
 def stage_report(mlflow_experiment: str, run_id: str, t_start: float, times: StageTimes, out: Path) -> str:
-    """7. Tonight vs the last nightly (MLflow queries), with where the time went so far; written to report.md and
+    """8. Tonight vs the last nightly (MLflow queries), with where the time went so far; written to report.md and
     a Prefect markdown artifact."""
     with clock.span("tracking"):  # MLflow queries
         rep = nightly_report(mlflow_experiment, tonight_id=run_id)
@@ -264,6 +321,11 @@ def nightly_sweep(
     sweep: bool = True,
     sweep_spec: str = NIGHTLY_SWEEP_SPEC,
     sweep_trials: int | None = None,
+    bench: bool | None = None,
+    bench_config: str = NIGHTLY_BENCH_CONFIG,
+    bench_baseline: str | None = NIGHTLY_BENCH_BASELINE,
+    bench_steps: int | None = None,
+    bench_seeds: int | None = None,
     runner: RunnerKind = "thread",
     workers: int | None = None,
     out_dir: str = "results/nightly",
@@ -292,6 +354,13 @@ def nightly_sweep(
         sweep: run a sweep (a fresh Optuna study per nightly, trials on GPU slots, pruned by the default detector).
         sweep_spec: the sweep spec (YAML, here or among the shipped configs; see configs/sweeps/example.yaml).
         sweep_trials: trials of the sweep (empty: 2 quick, the spec's own otherwise).
+        bench: run the OPPO speed regression check (`rlhfops bench oppo --quick --baseline`; 10-60 minutes on 2
+            cores; empty: in the full nightly, not in a quick one).
+        bench_config: the bench's PPO config (YAML, here or among the shipped configs).
+        bench_baseline: the JSON tonight's ratios are compared with, a run of the same settings (empty: no
+            comparison); a ratio that fell beyond its noise fails the bench's MLflow run.
+        bench_steps: steps per bench run (empty: 30, the quick bench; the baseline must have the same).
+        bench_seeds: seeds per bench mode (empty: 3; the baseline must have the same).
         runner: where the simulation units run: thread (this process and its compute pool) or ray.
         workers: processes of the compute pool (empty: one per core).
         out_dir: where the nightly's CSVs, plots and report go.
@@ -306,7 +375,8 @@ def nightly_sweep(
         quick=quick, experiments=experiments, seeds=seeds, canaries=canaries, canary_steps=canary_steps, job=job,
         job_steps=job_steps, job_overrides=job_overrides, platform_steps=platform_steps, sweep=sweep,
         sweep_spec=sweep_spec, sweep_trials=sweep_trials, runner=runner, workers=workers, out_dir=out_dir,
-        cache_dir=cache_dir, mlflow_experiment=mlflow_experiment)
+        cache_dir=cache_dir, mlflow_experiment=mlflow_experiment, bench=not quick if bench is None else bench,
+        bench_config=bench_config, bench_baseline=bench_baseline, bench_steps=bench_steps, bench_seeds=bench_seeds)
     out = plan.out
     out.mkdir(parents=True, exist_ok=True)
     times = StageTimes()
@@ -316,7 +386,8 @@ def nightly_sweep(
                     params={"quick": quick, "experiments": ",".join(plan.experiments),
                             "seeds": ",".join(map(str, plan.seeds)), "runner": runner,
                             "job_steps": plan.job_steps if job else 0, "canaries": ",".join(plan.canaries),
-                            "platform": platform, "sweep": sweep_spec if sweep else "", "fail_rate": chaos.fail_rate},
+                            "platform": platform, "sweep": sweep_spec if sweep else "", "fail_rate": chaos.fail_rate,
+                            "bench": plan.bench.baseline_path or "no baseline" if plan.bench else ""},
                     fail_rate=chaos.fail_rate, fault_seed=chaos.fault_seed, retry_delay_s=chaos.retry_delay_s) as run, \
             no_heartbeats():  # the job's and platform's subflows run in this process: no heartbeat thread each
         res = NightlyResult(run_id=run.run_id, flow_run_id=run.ctx[T.FLOW_RUN_TAG], out_dir=str(out))
@@ -344,18 +415,24 @@ def nightly_sweep(
                                               out_dir=str(out / "platform"), cache_dir=cache_dir,
                                               retry_delay_s=chaos.retry_delay_s, mlflow_experiment=mlflow_experiment,
                                               parent_run_id=res.run_id)
+        if plan.bench is not None:  # last: a timing benchmark, with nothing else of the nightly running
+            with times.stage("bench"):
+                res.bench = stage_bench(plan.bench, out, res, mlflow_experiment)
         with times.stage("report"):
             progress.reporter.stage("report: tonight vs the last nightly", total=None)
             res.report = stage_report(mlflow_experiment, res.run_id, t_start, times, out)
         res.timing, res.stages = clock.breakdown(t_start, time.time()), times.wall
         ok_canaries = bool(res.canaries is None or res.canaries["ok"].all())
         job_state = res.job.get("state") if isinstance(res.job, dict) else "not run"
+        bench_regressed = {"bench_regressed": float(len(res.bench["regressed"]))} if res.bench else {}
         run.close(metrics={**res.timing, **times.wall,
                            **{f"orchestration_s/{k}": v for k, v in times.orchestration.items()},
-                           "canaries_ok": float(ok_canaries)},
+                           "canaries_ok": float(ok_canaries), **bench_regressed},
                   texts={"report.md": res.report, "timing.json": json.dumps({**res.timing, **times.wall}, indent=2)},
                   artifacts=[str(p) for p in [out / "scheduling" / "summary.csv"] if p.is_file()],
-                  tags={"job_state": job_state, "canaries_ok": ok_canaries})
+                  tags={"job_state": job_state, "canaries_ok": ok_canaries,
+                        **({"bench_regressed": ",".join(r["ratio"] for r in res.bench["regressed"]) or "none"}
+                           if res.bench else {})})
     return res
 
 

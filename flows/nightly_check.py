@@ -21,8 +21,22 @@ NIGHTLY_JOB_STEPS = {True: 24, False: 60}
 #: the sweep stage's spec, and its trials in a quick nightly (the spec's own count otherwise)
 NIGHTLY_SWEEP_SPEC = "configs/sweeps/example.yaml"
 QUICK_SWEEP_TRIALS = 2
+#: the bench stage: `rlhfops bench oppo --quick` on this config, compared with this baseline (a quick run of it)
+NIGHTLY_BENCH_CONFIG = "configs/ppo-bench.yaml"
+NIGHTLY_BENCH_BASELINE = "docs/bench/oppo-baseline.json"
 #: the stages, in the order they run (`rlhfops nightly --stages`)
-STAGES = ("matrix", "detectors", "job", "canaries", "sweep", "platform")
+STAGES = ("matrix", "detectors", "job", "canaries", "sweep", "platform", "bench")
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """The bench stage's checked inputs: the PPO config, the settings (`training.bench_baseline.bench_settings`), the
+    baseline to compare with (None: no comparison) and where it came from."""
+
+    config: Any
+    settings: dict
+    baseline: dict | None
+    baseline_path: str
 
 
 @dataclass(frozen=True)
@@ -40,6 +54,8 @@ class NightlyPlan:
     out: Path
     #: the RLHF job stage's request (None: the stage is off)
     job: Any = None
+    #: the OPPO bench stage's inputs (None: the stage is off)
+    bench: BenchPlan | None = None
 
 
 def check_nightly(*, quick: bool = False, experiments: list[str] | None = None, seeds: list[int] | None = None,
@@ -48,10 +64,13 @@ def check_nightly(*, quick: bool = False, experiments: list[str] | None = None, 
                   platform_steps: int | None = None, sweep: bool = True, sweep_spec: str = NIGHTLY_SWEEP_SPEC,
                   sweep_trials: int | None = None, runner: str = "thread", workers: int | None = None,
                   out_dir: str | Path = "results/nightly", cache_dir: str = "runs/.cache",
-                  mlflow_experiment: str | None = None) -> NightlyPlan:
+                  mlflow_experiment: str | None = None, bench: bool = False,
+                  bench_config: str = NIGHTLY_BENCH_CONFIG, bench_baseline: str | None = NIGHTLY_BENCH_BASELINE,
+                  bench_steps: int | None = None, bench_seeds: int | None = None) -> NightlyPlan:
     """Every input of a nightly, or `BadInput` naming the parameter: the experiments, seeds, canaries, step counts,
-    runner, workers, output and cache directories, the job's config overrides, and the sweep spec (its fields, every
-    varied value against the job config, its pruner and its GPU kind's price)."""
+    runner, workers, output and cache directories, the job's config overrides, the sweep spec (its fields, every
+    varied value against the job config, its pruner and its GPU kind's price), and the bench's config and baseline
+    (comparable with tonight's settings)."""
     from common.validate import check_out_dir, check_seed, check_workers
     from flows.params import CanaryName, ExperimentName
     from infra.provision import check_runner
@@ -74,7 +93,8 @@ def check_nightly(*, quick: bool = False, experiments: list[str] | None = None, 
         if c not in known:
             raise BadInput(f"canaries: unknown canary '{c}' (choose from: {', '.join(known)})")
     for field, value, low in (("job_steps", job_steps, 4), ("canary_steps", canary_steps, 4),
-                              ("platform_steps", platform_steps, 2), ("sweep_trials", sweep_trials, 1)):
+                              ("platform_steps", platform_steps, 2), ("sweep_trials", sweep_trials, 1),
+                              ("bench_steps", bench_steps, 10), ("bench_seeds", bench_seeds, 1)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
             raise BadInput(f"{field}: {value!r} must be a whole number >= {low}"
                            + (" (the job gates every 4 steps)" if field == "job_steps" else ""))
@@ -95,8 +115,33 @@ def check_nightly(*, quick: bool = False, experiments: list[str] | None = None, 
             raise BadInput(f"sweep_spec: file '{sweep_spec}' not found, here or among the shipped configs "
                            "(pass a sweep spec YAML, e.g. configs/sweeps/example.yaml)")
         prepare(str(config_path(sweep_spec)), trials)
+    bench_plan = check_bench(bench_config, bench_baseline, bench_steps, bench_seeds, cache_dir) if bench else None
     return NightlyPlan(exps, seed_list, names, canary_steps, min(8 if quick else 30, canary_steps - 2), steps,
-                       platform_steps or (12 if quick else 24), trials, Path(out_dir), job_request)
+                       platform_steps or (12 if quick else 24), trials, Path(out_dir), job_request, bench_plan)
+
+
+def check_bench(config: str, baseline: str | None, steps: int | None, seeds: int | None, cache_dir: str) -> BenchPlan:
+    """The bench stage's inputs: `rlhfops bench oppo --quick` settings (30 steps, 3 seeds; `steps`/`seeds` change
+    them) on `config` with the nightly's warm-start cache, and the baseline JSON (relative: here, else in this
+    checkout), which must have the same settings; empty `baseline`: no comparison."""
+    from common.config import config_path
+    from training.bench_baseline import bench_settings, read_baseline
+    from training.config import load_config
+
+    if seeds is not None and seeds > 20:
+        raise BadInput(f"bench_seeds: {seeds} must be at most 20")
+    cfg = load_config(config_path(config), {"cache_dir": cache_dir})
+    settings = bench_settings(cfg, quick=True, steps=steps, seeds=seeds or 3)
+    if not baseline:
+        return BenchPlan(cfg, settings, None, "")
+    path = Path(baseline)
+    checkout = Path(__file__).resolve().parents[1] / path
+    if not path.is_file() and not path.is_absolute() and checkout.is_file():
+        path = checkout
+    if not path.is_file():
+        raise BadInput(f"bench_baseline: file '{baseline}' not found, here or in this checkout (give a `rlhfops bench "
+                       "oppo --quick --out` JSON of the same settings, or leave it empty for no comparison)")
+    return BenchPlan(cfg, settings, read_baseline(path, settings, "bench_baseline"), str(path))
 
 
 def nightly_job_config(steps: int, cache_dir: str) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from training.bench_baseline import bench_settings, comparable  # noqa: F401 - light: the checks before torch loads
 from training.config import TrainConfig
 from training.oppo import deferral_histogram
 from training.trainer import OVERLAPS, Trainer, gold_eval
@@ -356,16 +357,29 @@ def compare_with_baseline(result: dict, baseline: dict, min_drop: float = 0.10) 
     return rows
 
 
-def comparable(result_settings: dict, baseline: dict) -> str | None:
-    """Why a baseline cannot be compared with a run of these settings (None: it can)."""
-    for key in ("steps", "seeds", "target_frac", "smooth_window", "gate_every"):
-        if key not in baseline:
-            return f"it has no '{key}' (not a multi-seed `rlhfops bench oppo` JSON)"
-        if baseline[key] != result_settings[key]:
-            return f"its {key} is {baseline[key]!r}, this run's is {result_settings[key]!r}"
-    if "ratios" not in baseline:
-        return "it has no 'ratios'"
-    return None
+def regression_check(cfg: TrainConfig, settings: dict, baseline: dict | None = None, baseline_name: str = "",
+                     out: Path | None = None, *, quick: bool = False, variants: tuple[Variant, ...] = DEFAULT_VARIANTS,
+                     slow_intra_s: float = 0.0, progress=None) -> dict:
+    """`bench_oppo` at `settings` (`bench_settings`), compared with `baseline` (a JSON of the same settings, checked
+    by the caller with `comparable`) when given: `result["baseline_comparison"]` holds the rows of
+    `compare_with_baseline` and `regressed`, the names of the ratios that fell beyond their noise. With `out`, the
+    JSON is written there and its plot beside it (.png). What `rlhfops bench oppo --baseline` and the nightly's bench
+    stage run."""
+    import json
+
+    result = bench_oppo(cfg, settings["steps"], smooth=settings["smooth_window"], target_frac=settings["target_frac"],
+                        seeds=tuple(settings["seeds"]), gate_every=settings["gate_every"], variants=variants,
+                        slow_intra_s=slow_intra_s, progress=progress)
+    result["quick"] = quick
+    if baseline is not None:
+        rows = compare_with_baseline(result, baseline)
+        result["baseline_comparison"] = {"baseline": baseline_name, "rows": rows,
+                                         "regressed": [r["ratio"] for r in rows if r["regressed"]]}
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        plot_bench(result, out.with_suffix(".png"))
+    return result
 
 
 def proxy_eval(tr: Trainer, seed: int) -> tuple[float, float]:

@@ -3,7 +3,6 @@ every ratio, the machine's load, and a comparison with a baseline JSON (exit 1 w
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -56,6 +55,7 @@ def register_bench(bench_app: typer.Typer) -> None:
 
         from common.validate import check_out_file
         from rlhfops.console import make_console, progress
+        from training.bench_baseline import bench_settings, read_baseline
         from training.config import load_config
 
         if not 0.0 < target_frac <= 1.0:
@@ -72,39 +72,19 @@ def register_bench(bench_app: typer.Typer) -> None:
         if out is not None:
             check_out_file(out.with_suffix(".png"), "out (its .png plot)")
         cfg = load_config(config)
-        # torch: only once the config is known good, so a config error is reported in about a second
-        from training.bench import (
-            DEFAULT_VARIANTS,
-            ablation_variants,
-            bench_oppo,
-            comparable,
-            compare_with_baseline,
-            plot_bench,
-        )
+        settings = bench_settings(cfg, quick, steps=steps, seeds=seeds, gate_every=gate_every,
+                                  target_frac=target_frac)
+        base = read_baseline(baseline, settings, "--baseline") if baseline is not None else None
+        # torch: only once the config and baseline are known good, so an error is reported in about a second
+        from training.bench import DEFAULT_VARIANTS, ablation_variants, regression_check
 
-        n_steps = steps or (30 if quick else cfg.steps)
-        smooth = 5 if quick else 8
-        seed_list = [cfg.seed + i for i in range(seeds)]
-        base = None
-        if baseline is not None:
-            try:
-                base = json.loads(baseline.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-                raise BadInput(f"--baseline: cannot read '{baseline}' as JSON ({type(err).__name__})") from None
-            settings = {"steps": n_steps, "seeds": seed_list, "target_frac": target_frac,
-                        "smooth_window": smooth, "gate_every": gate_every}
-            why = comparable(settings, base) if isinstance(base, dict) else "it is not a JSON object"
-            if why:
-                raise BadInput(f"--baseline: '{baseline}' cannot be compared with this run: {why} "
-                               "(rerun with the baseline's settings)")
+        n_steps, seed_list = settings["steps"], settings["seeds"]
         variants = ablation_variants() if ablation else DEFAULT_VARIANTS
         console = make_console()
         what = f"steps ({len(variants)} variants x {seeds} seeds, round-robin)"
         with progress(console, what, total=n_steps) as shown:
-            result = bench_oppo(cfg, n_steps, smooth=smooth, target_frac=target_frac, seeds=tuple(seed_list),
-                                gate_every=gate_every, variants=variants, slow_intra_s=slow_intra,
-                                progress=lambda done, _total: shown.update(done))
-        result["quick"] = quick
+            result = regression_check(cfg, settings, base, str(baseline), out, quick=quick, variants=variants,
+                                      slow_intra_s=slow_intra, progress=lambda done, _total: shown.update(done))
         ref = result["reference"]
         table = Table(title=f"rlhfops bench oppo ({n_steps} steps per run, seeds {seed_list}; mean ± SE over seeds; "
                             "ratios: median \\[min-max] over seeds)")
@@ -137,8 +117,7 @@ def register_bench(bench_app: typer.Typer) -> None:
                       f"p90 {w['p90_len']:.0f}, max {w['max_len']}, {w['frac_ge_4x_median']:.1%} >= 4x median")
         regressed = []
         if base is not None:
-            rows = compare_with_baseline(result, base)
-            result["baseline_comparison"] = {"baseline": str(baseline), "rows": rows}
+            rows = result["baseline_comparison"]["rows"]
             cmp = Table(title=f"against {baseline} (regressed: current seeds all below the baseline's, median down "
                               "> 10%)")
             for col in ("ratio", "baseline median \\[range]", "now median \\[range]", "change", "verdict"):
@@ -152,14 +131,10 @@ def register_bench(bench_app: typer.Typer) -> None:
                             f"{row['current_median']:.2f} \\[{c[0]:.2f}-{c[1]:.2f}]", f"{row['change']:+.0%}",
                             "REGRESSED" if row["regressed"] else "within noise")
             console.print(cmp)
-            regressed = [r["ratio"] for r in rows if r["regressed"]]
+            regressed = result["baseline_comparison"]["regressed"]
             console.print(f"regressed beyond noise: {', '.join(regressed)}" if regressed
                           else "no ratio fell beyond its noise")
         if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(result, indent=2) + "\n")
-            plot = out.with_suffix(".png")
-            plot_bench(result, plot)
-            console.print(f"wrote {out} and {plot}")
+            console.print(f"wrote {out} and {out.with_suffix('.png')}")
         if regressed:
             raise typer.Exit(1)

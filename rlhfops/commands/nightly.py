@@ -23,8 +23,9 @@ def split_list(text: str | None) -> list[str] | None:
 
 #: `--stages`: what each stage is (the stage names are flows.nightly_check.STAGES)
 STAGES_HELP = ("comma-separated stages to run, of matrix (the E1-E8 simulation matrix), detectors, job (an RLHF job "
-               "and its checkpoint's re-evaluation), canaries, sweep, platform (default: all; the report always "
-               "runs). E.g. --stages matrix,detectors for the simulator only")
+               "and its checkpoint's re-evaluation), canaries, sweep, platform, bench (the OPPO speed regression "
+               "check, 10-60 minutes) (default: all, bench only without --quick; the report always runs). E.g. "
+               "--stages matrix,detectors for the simulator only")
 
 
 def parse_stages(text: str | None) -> set[str]:
@@ -69,6 +70,12 @@ def register(app: typer.Typer) -> None:
         cache_dir: str = typer.Option("runs/.cache", "--cache-dir", help="base-policy / reward-model cache"),
         verbose: bool = typer.Option(False, "--verbose", help="show Prefect's own log lines (task states)"),
         stages_text: str = typer.Option(None, "--stages", help=STAGES_HELP),
+        bench_baseline: str = typer.Option("docs/bench/oppo-baseline.json", "--bench-baseline", help="the bench "
+                                           "stage's baseline JSON (a `bench oppo --quick --out` run of the same "
+                                           "steps and seeds), or 'none' for no comparison"),
+        bench_steps: int = typer.Option(None, "--bench-steps", help="steps per bench run (default: 30, as "
+                                        "`bench oppo --quick`)"),
+        bench_seeds: int = typer.Option(None, "--bench-seeds", help="seeds per bench mode (default: 3)"),
     ) -> None:
         """Run the nightly sweep flow locally: E1-E8 simulation matrix, detector comparison, a real RLHF job
         (best checkpoint registered and re-evaluated), health canaries, a live platform round, and
@@ -90,7 +97,10 @@ def register(app: typer.Typer) -> None:
                       job="job" in stages and not no_job, job_steps=job_steps,
                       canaries=split_list(canaries) if "canaries" in stages else [],
                       platform="platform" in stages and not no_platform, sweep="sweep" in stages and not no_sweep,
-                      sweep_spec=sweep_spec, runner=runner, workers=workers, out_dir=str(out), cache_dir=cache_dir)
+                      sweep_spec=sweep_spec, runner=runner, workers=workers, out_dir=str(out), cache_dir=cache_dir,
+                      bench="bench" in stages if stages_text is not None else not quick,
+                      bench_baseline=None if bench_baseline.strip().lower() in ("", "none") else bench_baseline,
+                      bench_steps=bench_steps, bench_seeds=bench_seeds)
         # every input, before the Prefect server starts (10-18 s) or torch is imported: a bad one fails in a second
         check_nightly(**{k: v for k, v in params.items() if k not in ("detectors", "platform")})
         prefect_env(verbose)
@@ -158,6 +168,19 @@ def print_summary(console, res, process: dict, uri: str, prefect_api: str | None
         table.add_row("sweep", f"{sw['trials_done']} trials ({sw['trials_pruned']} pruned, {sw['trials_failed']} "
                       f"failed), {sw['gpu_seconds'] / 3600:.3f} GPU-h; best trial {best.get('number', '—')} held-out "
                       f"{best.get('objective', float('nan')):+.3f} ({res.out_dir}/sweep/report/sweep.md)")
+    b = res.bench
+    if b:
+        gold = ", ".join(f"{k} {v:.2f}x" if v else f"{k} n/a" for k, v in b["speedup_gold"].items())
+        if not b["compared"]:
+            verdict = "no baseline"
+        elif b["regressed"]:
+            verdict = "[red]REGRESSED: " + ", ".join(
+                f"{r['ratio']} {r['baseline_median']:.2f}x -> {r['current_median']:.2f}x ({r['change']:+.0%})"
+                for r in b["regressed"]) + "[/red]"
+        else:
+            verdict = "no ratio fell beyond its noise"
+        table.add_row("oppo bench", f"time-to-gold speedup (median of {len(b['seeds'])} seeds) {gold}; against "
+                      f"{b['baseline'] or '-'}: {verdict} ({b['json']})")
     ev = res.evaluation
     if ev:
         table.add_row("checkpoint gate", f"re-scored from the registry: {ev['eval_score']:+.3f} ± {ev['eval_se']:.3f}")

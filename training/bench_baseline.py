@@ -1,0 +1,45 @@
+"""A bench run's settings and its baseline, read and checked before anything heavy loads (no torch, no numpy): the
+`rlhfops bench oppo --baseline` option and the nightly's bench stage refuse a baseline they cannot compare with in
+about a second, before the bench's minutes of training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from common.errors import BadInput
+
+
+def bench_settings(cfg: Any, quick: bool, steps: int | None = None, seeds: int = 3, gate_every: int = 5,
+                   target_frac: float = 0.7) -> dict:
+    """A bench run's settings (`cfg`: its `TrainConfig`), the ones a baseline must share (`comparable`): `quick`
+    runs 30 steps with a smoothing window of 5 (else the config's steps, window 8); the seeds are the config's seed
+    and the next `seeds - 1`."""
+    return {"steps": steps or (30 if quick else cfg.steps), "seeds": [cfg.seed + i for i in range(seeds)],
+            "target_frac": target_frac, "smooth_window": 5 if quick else 8, "gate_every": gate_every}
+
+
+def comparable(result_settings: dict, baseline: dict) -> str | None:
+    """Why a baseline cannot be compared with a run of these settings (None: it can)."""
+    for key in ("steps", "seeds", "target_frac", "smooth_window", "gate_every"):
+        if key not in baseline:
+            return f"it has no '{key}' (not a multi-seed `rlhfops bench oppo` JSON)"
+        if baseline[key] != result_settings[key]:
+            return f"its {key} is {baseline[key]!r}, this run's is {result_settings[key]!r}"
+    if "ratios" not in baseline:
+        return "it has no 'ratios'"
+    return None
+
+
+def read_baseline(path: str | Path, settings: dict, field: str) -> dict:
+    """The baseline JSON at `path`, comparable with a run of `settings`; else BadInput naming `field` and the fix."""
+    try:
+        base = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise BadInput(f"{field}: cannot read '{path}' as JSON ({type(err).__name__})") from None
+    why = comparable(settings, base) if isinstance(base, dict) else "it is not a JSON object"
+    if why:
+        raise BadInput(f"{field}: '{path}' cannot be compared with this run: {why} (rerun with the baseline's "
+                       "settings)")
+    return base
