@@ -346,7 +346,7 @@ def nightly_sweep(
         job: run the RLHF job, register its best checkpoint and re-score it from the registry.
         job_steps: PPO steps of the job (empty: 24 quick, 60 full).
         job_overrides: dotted fields of the job's PPO config, e.g. {"ppo.max_new_tokens": 24}.
-        canaries: the fault-injection canaries to run (empty: all five; [] for none).
+        canaries: the fault-injection canaries to run (empty: all seven; [] for none).
         canary_steps: PPO steps per canary (empty: 60 quick, 120 full).
         platform: run a live multi-tenant platform round.
         platform_steps: PPO steps per platform job (empty: 12 quick, 24 full).

@@ -32,16 +32,13 @@ CANARIES = (
     Canary("constant_reward", {"kind": "constant_reward"}, "dead_run"),
     Canary("oversized_lr", {"kind": "lr_spike", "factor": 50.0}, "kl_blowup"),
     Canary("gameable_reward", {"kind": "gameable_reward", "bonus": 1.0, "trigger": "z"}, "reward_hacking"),
-)
-
-#: the off-policy alerts' canaries (inter-step overlap). Kept apart from CANARIES until the nightly form's choices
-#: (flows/params.py CanaryName) list them; `run_canary` runs them like any other
-OVERLAP_CANARIES = (
-    # the engine samples at 8x the trainer's temperature: pi_prox/pi_behav spreads on every token (with the
-    # decoupled correction the update does not chase the hot samples, so the mismatch persists)
+    # the off-policy alerts (docs/oppo.md). The engine samples at 8x the trainer's temperature: pi_prox/pi_behav
+    # spreads on every token (with the decoupled correction the update does not chase the hot samples, so the
+    # mismatch persists)
     Canary("behaviour_mismatch", {"kind": "behaviour_mismatch", "factor": 8.0}, "low_ess",
            {"oppo.correction": "decoupled"}),
-    # carried responses get their tokens appended twice on resume: carried samples jump in length against fresh
+    # carried responses get their tokens appended twice on resume (inter-step overlap): carried samples jump in
+    # length against fresh ones
     Canary("duplicated_carry", {"kind": "duplicated_carry"}, "carried_length_drift", {"ppo.max_new_tokens": 128},
            overlap="full"),
 )

@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
                                       "(default: 24 quick, 60 full)"),
         canaries: str = typer.Option(None, "--canaries", help="comma-separated canaries to run, or 'none' "
                                      "(default: all: control, frozen_sync, constant_reward, oversized_lr, "
-                                     "gameable_reward)"),
+                                     "gameable_reward, behaviour_mismatch, duplicated_carry)"),
         fail_rate: float = typer.Option(0.0, "--fail-rate", help="inject transient failures into this share of "
                                         "task attempts (chaos test of the retries), 0..0.9"),
         out: Path = typer.Option(Path("results/nightly"), "--out", help="output directory"),

@@ -1,6 +1,6 @@
-"""The off-policy faults, exactly, and their canaries (training/canaries.py OVERLAP_CANARIES): each fault changes
-what it should (checked against numbers the test derives itself), and each canary, a real small PPO run, fires
-its alert soon after the fault and moves the run state (slow)."""
+"""The off-policy faults, exactly, and their canaries (training/canaries.py CANARIES: behaviour_mismatch,
+duplicated_carry): each fault changes what it should (checked against numbers the test derives itself), and each
+canary, a real small PPO run, fires its alert soon after the fault and moves the run state (slow)."""
 
 from __future__ import annotations
 
@@ -85,9 +85,9 @@ WINDOW = {"behaviour_mismatch": 10, "duplicated_carry": 20}
 @pytest.mark.parametrize("name", list(WINDOW))
 def test_overlap_canary(canary_cache, name):
     from eval.health import Catalog
-    from training.canaries import OVERLAP_CANARIES, run_canary
+    from training.canaries import CANARIES, run_canary
 
-    canary = {c.name: c for c in OVERLAP_CANARIES}[name]
+    canary = {c.name: c for c in CANARIES}[name]
     catalog = Catalog.from_file(None, algorithm="ppo", profile="canary")
     r = run_canary(canary, CANARY_STEPS, FAULT_AT, canary_cache, catalog)
     assert r["error"] == ""
