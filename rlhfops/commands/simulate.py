@@ -234,25 +234,31 @@ def register(app: typer.Typer) -> None:
 
         check_out_file(out, "out")
         check_workers(workers)
-        replay = None
-        if traces is not None:
-            from eval.traces import load_trace
-
-            replay = render_replay(replay_traces(traces), traces.name, load_trace(traces).run_id.nunique())
         if corpus is not None:
-            from scheduling.detector_report import corpus_table, render_corpus
-
             check_corpus(corpus)
-            from eval.corpus import ALL_SPLITS
-
-            section = render_corpus({split: corpus_table(corpus, split) for split in ALL_SPLITS}, corpus)
-            replay = section + (replay or "")
         from scheduling.detector_report import fresh_seed_bars, render_fresh
 
-        replay = render_fresh(fresh_seed_bars(sets=20, workers=workers)) + "\n" + (replay or "")
-
         console = make_console()
-        with progress(console, "detectors: variant x seed", total=len(report_units()), transient=True) as shown:
+        with progress(console, transient=True) as shown:
+            replay = None
+            if traces is not None:
+                from eval.traces import load_trace
+
+                shown.stage(f"every detector on {traces.name}")
+                replay = render_replay(replay_traces(traces), traces.name, load_trace(traces).run_id.nunique())
+            if corpus is not None:
+                from eval.corpus import ALL_SPLITS
+                from scheduling.detector_report import corpus_table, render_corpus
+
+                shown.stage(f"every detector on {corpus}: splits", total=len(ALL_SPLITS))
+                tables = {}
+                for split in ALL_SPLITS:
+                    tables[split] = corpus_table(corpus, split)
+                    shown.advance()
+                replay = render_corpus(tables, corpus) + (replay or "")
+            shown.stage("the default detector on 20 fresh 5-seed sets per condition")
+            replay = render_fresh(fresh_seed_bars(sets=20, workers=workers)) + "\n" + (replay or "")
+            shown.stage("detectors: variant x seed", total=len(report_units()))
             table = run_report(workers, on_done=lambda _u: shown.advance())
         out.parent.mkdir(parents=True, exist_ok=True)
         text = render(table)
