@@ -34,8 +34,9 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(None, "--out", help="write the result table as CSV here"),
     ) -> None:
         """Run real small PPO jobs with injected faults (frozen weight sync, constant reward, oversized LR,
-        gameable reward, behaviour/proximal policy mismatch, carried tokens duplicated) plus a healthy control; print (canary, expected alert, fired at step, state);
-        exit 0 only if every expected alert fired and moved the run state and the control stayed quiet."""
+        gameable reward, behaviour/proximal policy mismatch, carried tokens duplicated) plus a healthy control;
+        print (canary, expected alert, fired at step, state); exit 0 only if every expected alert fired and moved the
+        run state and the control stayed quiet."""
         from rich.table import Table
 
         from eval.health import Catalog
