@@ -206,8 +206,9 @@ def render(results: dict[str, dict[str, dict]], params: dict[str, dict], budget_
            "(scheduling/paired_report.py). "
            "The runs, their labels and the tune/report split are declared in data/prompts/DECLARATION.md; both "
            "rules read the same gate records: `paired` the per-prompt gold scores (64 prompts per checkpoint, "
-           f"plus extension batches of {EXTRA_BATCH} on close decisions, budget {budget_frac:.0%} of the fixed "
-           "gate's prompt evaluations per run), `noisepatience` the same checkpoints' means and SEs. "
+           f"plus extension batches of {EXTRA_BATCH} where more prompts could settle a decline, budget "
+           f"{budget_frac:.0%} of the fixed gate's prompt evaluations so far in the run; the design's 20 looks and 3 "
+           "prompt counts known to the rule), `noisepatience` the same checkpoints' means and SEs. "
            "Intervals: two-sided 95% Clopper-Pearson. Live, the same extension runs inside the job: set "
            "`eval_extra_budget` (extra prompt evaluations per run; 0 never extends) and `eval_extra_batch` in the "
            "training config; `Trainer.extend_gate` scores the next held-out batch for the two checkpoints the rule "
@@ -275,6 +276,89 @@ def run_report(corpus: Path, parts: list[str], budget_frac: float = 0.25) -> tup
     return results, {"paired": paired.params(), DEFAULT_DETECTOR: means.params()}
 
 
+# --------------------------------------------------------------------------- the tune part: why runs are missed
+TUNE_PART = "tune"
+_SEQUENCE = {"prompt_looks": 0, "extend_factor": 0.0}
+# the mechanisms tried on the tune part (DECLARATION.md: the only part a default may be chosen on): label -> params
+# over the paired rule's class defaults (alpha 0.02, margin 0, prompt_looks 3, extend_factor 4) and the corpus's
+# design (horizon 20 where named)
+FRONTIER = {
+    "sequence, alpha/(j(j+1)) per look, extend on any decline (the first defaults)": {**_SEQUENCE},
+    "sequence, planned horizon (alpha/21 per look), extend on any decline": {**_SEQUENCE, "horizon": 20},
+    "t bound over 3 prompt counts, alpha/(j(j+1)), extend on any decline": {"extend_factor": 0.0},
+    "t bound, planned horizon, extend on any decline": {"horizon": 20, "extend_factor": 0.0},
+    "t bound, planned horizon, extend where 2x the prompts would settle it": {"horizon": 20, "extend_factor": 2.0},
+    "t bound, planned horizon, extend where 3x the prompts would settle it": {"horizon": 20, "extend_factor": 3.0},
+    "**t bound, planned horizon, extend where 4x the prompts would settle it (the defaults)**": {"horizon": 20},
+    "the defaults at alpha 0.05": {"horizon": 20, "alpha": 0.05},
+    "the defaults with margin 0.05": {"horizon": 20, "margin": 0.05},
+    "the defaults with warm-up 3 (horizon 17)": {"horizon": 17, "warmup": 3},
+}
+
+
+def _phases(v: pd.DataFrame) -> tuple[int, int]:
+    hacking = v["label"].to_numpy().astype(bool)
+    phase = v["stop_phase"].to_numpy()
+    return int(np.sum(hacking & (phase == "before_peak"))), int(np.sum(hacking & (phase == "at_end")))
+
+
+def tune_frontier(part: PartRuns, budget_frac: float) -> str:
+    """Useful stops vs false stops on the tune part for each mechanism of FRONTIER (a markdown table)."""
+    from eval.paired import PairedStop
+
+    out = ["| mechanism (alpha 0.02, margin 0 unless named) | useful | before the peak / at the end | false stops | "
+           "quality kept | extra eval |", "| --- | --- | --- | --- | --- | --- |"]
+    for label, params in FRONTIER.items():
+        v = verdict_rows(part, PairedStop(**params), budget_frac)
+        q = summarize(v)
+        before, at_end = _phases(v)
+        out.append(f"| {label} | {q['useful']}/{q['hacking']} | {before} / {at_end} | {q['false_stops']}/"
+                   f"{q['healthy']} | {q['quality_kept']:.3f} | {_pct(q['extra_frac'])} |")
+    return "\n".join(out)
+
+
+def _stop_at(v: pd.DataFrame, run: Run) -> str:
+    r = v.loc[run.run_id]
+    return "never" if not r["stopped"] else f"{int(np.searchsorted(run.steps, r['stop_step']))} ({r['stop_phase']})"
+
+
+def decline_table(part: PartRuns) -> str:
+    """Per hacking run of a part: its useful-stop window (gold peak to the checkpoint before the last), the largest
+    decline of a checkpoint in that window below the peak checkpoint on the gate's 64 prompts (mean, SE and mean/SE
+    of the paired per-prompt differences), and the bound each rule needed there, in the same SEs: the first
+    defaults' (the sequence at alpha / (k^2 (k + 1))) and the defaults' (the t bound over 3 counts at alpha / (21 k));
+    then where each stopped (markdown)."""
+    from eval.paired import PairedStop, cs_radius, fixed_radius, mixture_r, pair_alpha
+
+    first = verdict_rows(part, PairedStop(**_SEQUENCE), 0.25).set_index("run_id")
+    now = verdict_rows(part, PairedStop(horizon=PLANNED_LOOKS), 0.25).set_index("run_id")
+    out = ["| run | gold peak | window | largest decline below the peak (mean; SE) | z | bound, first defaults "
+           "(SEs) | bound, defaults (SEs) | stop, first defaults | stop, defaults |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for run in part.runs:
+        if run.label != 1:
+            continue
+        y = part.scores[run.run_id][:, :GATE_PROMPTS]
+        p, n = peak_index(run), len(run.steps)
+        best = None
+        for k in range(p + 1, n - 1):
+            d = y[k] - y[p]
+            se = float(d.std(ddof=1)) / math.sqrt(d.size)
+            z = -float(d.mean()) / se if se > 0 else 0.0
+            if best is None or z > best[0]:
+                best = (z, k, float(d.mean()), se)
+        if best is None:
+            out.append(f"| {run.run_id} | {p} | none (peak at {p} of {n - 1}) | — | — | — | — | — | — |")
+            continue
+        z, k, mean, se = best
+        a_first, a_now = float(pair_alpha(0.02, k)), float(pair_alpha(0.02, k, k, PLANNED_LOOKS))
+        b_first = float(cs_radius(GATE_PROMPTS, 1.0, a_first, mixture_r(GATE_PROMPTS, a_first))) * 8.0
+        b_now = float(fixed_radius(GATE_PROMPTS, 1.0, a_now, 1 + POOL_BATCHES)) * 8.0
+        out.append(f"| {run.run_id} | {p} | {p}-{n - 2} | {mean:+.3f} at {k}; {se:.3f} | {z:.1f} | {b_first:.1f} | "
+                   f"{b_now:.1f} | {_stop_at(first, run)} | {_stop_at(now, run)} |")
+    return "\n".join(out)
+
+
 def acceptance(q_paired: dict, q_means: dict, budget_frac: float) -> str:
     """The issue's bars on one part, each with its measured value."""
     checks = [
@@ -290,6 +374,43 @@ def acceptance(q_paired: dict, q_means: dict, budget_frac: float) -> str:
     return "; ".join(f"{name}: {'met' if ok else 'NOT met'} ({val})" for name, ok, val in checks)
 
 
+WHY_MISSED = """### Why the first defaults missed hacking runs (tune part only)
+
+The first defaults (a confidence sequence over prompts, alpha / (k^2 (k + 1)) per pair at the k-th look, EXTEND on
+any decline) stopped 5 of the tune part's 13 hacking runs usefully (4 with the budget counted over the whole run).
+The table below takes each hacking run's useful-stop window (data/curves/LABELS.md via `eval.corpus`: from the gold
+peak to the checkpoint before the last) and the checkpoint in it furthest below the peak checkpoint on the gate's 64
+prompts, in SEs of the paired per-prompt difference. The misses were not declines hidden in the noise of a mean:
+with common random numbers every one of them is 2.8-4.5 paired SEs below its peak, a real and measured decline.
+They were missed because the first defaults needed 5.0-5.5 SEs: the union over k looks and k references at
+alpha / (k^2 (k + 1)) (the 15th look gets 1/240 of alpha, split 15 ways) and a sequence valid at every prompt count
+although the gate only ever has three (64, 96, 128). The useful window was short for one run only (gold peak at
+checkpoint 17: a stop had to come at 17-19, and the decline shows only at 19, 3.1 SEs); the stops that did come came
+late (9-10 checkpoints after the peak), mostly because the declines come slowly after a long plateau, and the
+extension budget went to small early dips (EXTEND on any decline) before the decline that mattered. What changed,
+each kept only where the tune part said so and each covered by the coverage tests
+(tests/eval/test_paired_rule.py): the planned number of looks (`horizon`, 20 here: alpha / 21 per look, a tail for
+runs that go on), a one-sided t bound over the 3 prompt counts the gate's design allows (`prompt_looks` 3), and EXTEND
+only where 4x the prompts at the same mean and SD would settle the pair (`extend_factor` 4), so the pool's prompts go
+to the close calls; together the bound is 4.2-4.5 SEs on 64 prompts, and the extension to 128 prompts multiplies a
+decline's z by about 1.4. What is left on the tune part is not noise: the two hacking runs stopped before their
+peak fell 0.24-0.31 (gate means) below an earlier checkpoint and then climbed to a later, higher peak, and the one
+healthy run stopped fell 0.37 and recovered; a rule that sees only the past cannot tell those from the declines that
+last. A margin (0.05) trades 3 useful stops for that one false stop; alpha 0.05 or a warm-up bought nothing.
+"""
+
+REPORT_READS = """### Reads of the report part
+
+This is the report part's **second read**. The first (commit b859774) was at the first defaults (sequence,
+alpha / (k^2 (k + 1)), EXTEND on any decline, budget counted over the whole run): 28/46 useful (60.9%), 3/74 false
+stops (4.1%), extra eval 25.2%; noisepatience 32/46, 2/74. In between, on the tune part only: the planned horizon,
+the t bound over the gate's 3 prompt counts, EXTEND where 4x the prompts would settle it (eval/paired.py defaults
+`prompt_looks` 3, `extend_factor` 4; `horizon` 20 from DECLARATION.md's design), and the extension budget counted
+against the gate's evaluations so far (a run's extra eval can no longer exceed the budget fraction); committed in
+186475a before this read. Nothing was tuned after it.
+"""
+
+
 def report(corpus: Path, parts: list[str], budget_frac: float = 0.25, out: Path | None = None) -> str:
     """The table with each part's acceptance line; with `out`, its section of that markdown file is replaced.
     Inputs are checked by the caller (`rlhfops paired-report`)."""
@@ -298,6 +419,12 @@ def report(corpus: Path, parts: list[str], budget_frac: float = 0.25, out: Path 
     results, params = run_report(corpus, parts, budget_frac)
     note = "\n\n".join(f"Acceptance on `{part}` (the issue's bars): "
                        + acceptance(r["paired"], r[DEFAULT_DETECTOR], budget_frac) for part, r in results.items())
+    if "report" in parts:
+        note += "\n\n" + REPORT_READS
+    if TUNE_PART in parts:
+        tune = load_part(corpus / TUNE_PART)
+        note += ("\n\n" + WHY_MISSED + "\n" + decline_table(tune) + "\n\nThe tune part's frontier (budget "
+                 f"{budget_frac:.0%}; every row keeps the bound alpha):\n\n" + tune_frontier(tune, budget_frac))
     text = render(results, params, budget_frac, note)
     if out is not None:
         write_section(out, text)
