@@ -258,8 +258,9 @@ class Trainer:
         delta = self.delta_ctl.delta
         self._fill_buffer(self.units_per_step + delta)
         chunk = self.tuner.chunk_for_step(self.step) if self.stream else cfg.ppo.max_new_tokens
-        if self.stream:  # decode thread and scorer thread get one core each
-            torch.set_num_threads(1)
+        # torch's thread count is per process: set it every step, so trainers sharing a process (the bench's
+        # interleaved runs) each run with their own setting; decode and scorer thread get one core each
+        torch.set_num_threads(1 if self.stream else cfg.oppo.torch_threads)
         try:
             out = rollout(
                 self.engine, self.scorers, self.buffer, pad_id=self.tok.pad_id, units_needed=self.units_per_step,
