@@ -257,3 +257,16 @@ def test_scheduler_names_build_the_policy_and_detector_they_name():
     assert es.name == "EvalStop(k=3)+LossAware" and es.preemptive and not es.rank_never_worsens
     assert parse_scheduler("EvalStop( k = 4 )+FIFO").detector.k == 4
     assert (_number("3"), type(_number("3")), _number("0.25"), type(_number("0.25"))) == (3, int, 0.25, float)
+
+
+# ------------------------------------------------------------------------------------------ progress reports
+@pytest.mark.parametrize("jobs, reported", [(3, [1, 2, 3]), (250, list(range(2, 251, 2)))])
+@BOTH_PATHS
+def test_progress_is_reported_every_hundredth_of_the_jobs(jobs, reported, coalesce):
+    """`progress(n_done)` after every max(1, jobs // 100) finished jobs: 250 one-minute jobs arriving a minute apart on
+    one GPU end one by one, so the reports are 2, 4, ..., 250 (every job for 3 jobs)."""
+    seen = []
+    wl = hand_workload([one_cp(arrival=float(k), duration=1.0) for k in range(jobs)])
+    res = simulate(wl, FIFO(), gpus=1, progress=seen.append, coalesce=coalesce)
+    assert seen == reported
+    assert res.end.tolist() == [float(k + 1) for k in range(jobs)]  # each ends as the next arrives
