@@ -23,8 +23,7 @@ def register(app: typer.Typer) -> None:
         the kept checkpoint's step, its state history, attribution and ledger record the pause and the resume."""
         import json
 
-        import yaml
-
+        from common.config import read_yaml_mapping
         from eval.detectors import DEFAULT_DETECTOR
         from training.lifecycle import JOB_DONE, paused_run
         from training.request import parse_request
@@ -36,7 +35,8 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"run_dir: the job in {run_dir} is not paused by the eval gate with a kept checkpoint "
                            f"({JOB_DONE} says {json.loads((run_dir / JOB_DONE).read_text()).get('state')!r})")
         done = json.loads((run_dir / JOB_DONE).read_text())
-        config = yaml.safe_load((run_dir / "config.resolved.yaml").read_text(encoding="utf-8"))
+        # read strictly, as every config is: a missing, empty or hand-edited file with a key given twice is one line
+        config = read_yaml_mapping(run_dir / "config.resolved.yaml", "run_dir (its resolved config)")
         gpus = int(done.get("gpus") or 1)
         # the job as it was asked for, continued in its own run directory; checked before the server starts
         request = parse_request({"config": config, "tenant": done["tenant"], "name": done["name"],
