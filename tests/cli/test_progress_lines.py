@@ -109,3 +109,20 @@ def test_sweep_events_into_a_pipe_count_finished_trials():
     assert [ln for ln in lines if ln.startswith("  sweep demo")] == [f"  sweep demo: trials: {k}/4" for k in (1, 2, 3)]
     assert lines[-1] == f"  done: sweep demo: trials (4/4) in {_done_secs(buf)} s"
     assert sum(ln.startswith("trial ") for ln in lines) == 4
+
+
+def test_a_terminal_gets_a_bar_not_lines():
+    """The other side of the switch: on a terminal the same calls draw a rich bar (done/total in it), no plain
+    stamped lines."""
+    from rich.console import Console
+
+    from rlhfops.console import progress
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=120, force_terminal=True)
+    with progress(console, "steps", total=30) as shown:
+        shown.update(12)
+        shown.status("running 2")
+    text = buf.getvalue()
+    assert "12/30" in text and "steps  running 2" in text
+    assert not any(STAMP.match(line) for line in text.splitlines())
