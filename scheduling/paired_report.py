@@ -408,6 +408,18 @@ the t bound over the gate's 3 prompt counts, EXTEND where 4x the prompts would s
 `prompt_looks` 3, `extend_factor` 4; `horizon` 20 from DECLARATION.md's design), and the extension budget counted
 against the gate's evaluations so far (a run's extra eval can no longer exceed the budget fraction); committed in
 186475a before this read. Nothing was tuned after it.
+
+After the read (a description of the verdicts above, from each stopped run's `eval.corpus.hindsight_label` decline
+and margin; nothing was changed): the bound covers runs whose quality never
+falls by more than the margin, and the healthy runs stopped here did fall. Of the 15 stopped by `paired`, 8 had
+fallen by the end by 61-79% of the hindsight label's margin (max(20% of the run's range, 3 noise SDs): a real decline,
+smaller than the label calls hacking) and 7 dipped and recovered; 13 of the 15 kept a checkpoint better than the
+run's final one, 4 were stopped at the last checkpoint. The 128-prompt gate, with more evidence, stops more of them
+(17/74): at margin 0 the rule asks "has quality fallen?", the label "has it fallen by 20% of the range by the end?",
+and with enough prompts every real dip is a stop. The extension, sent to close calls, resolved 9 such declines more
+than the 64-prompt gate alone (6/74) and no further useful stop (37/46 both). The next step is a margin in the
+label's terms (a fraction of the gain so far: a linear contrast of three checkpoints, which the bound covers as it
+covers any paired difference), chosen on fresh seeds: this part has now been read twice.
 """
 
 
