@@ -55,6 +55,7 @@ def test_a_baseline_of_other_settings_is_refused_before_any_stage(tmp_path):
     assert not (tmp_path / "n").exists()  # nothing written by the checks
 
 
+@pytest.mark.slow  # a flow run with real training: 10-40 s of bench, ~100 s in all on 2 loaded cores
 def test_bench_stage_flags_every_ratio_below_the_baseline(prefect_server, mlflow_store, warm_start_cache, tmp_path):
     import io
 
