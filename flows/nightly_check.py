@@ -140,7 +140,7 @@ def check_bench(config: str, baseline: str | None, steps: int | None, seeds: int
         path = checkout
     if not path.is_file():
         raise BadInput(f"bench_baseline: file '{baseline}' not found, here or in this checkout (give a `rlhfops bench "
-                       "oppo --quick --out` JSON of the same settings, or leave it empty for no comparison)")
+                       "oppo --quick --out` JSON of the same settings, or 'none' (empty) for no comparison)")
     return BenchPlan(cfg, settings, read_baseline(path, settings, "bench_baseline"), str(path))
 
 
