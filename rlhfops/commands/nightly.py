@@ -43,8 +43,8 @@ def parse_stages(text: str | None) -> set[str]:
 def register(app: typer.Typer) -> None:
     @app.command("nightly")
     def nightly_cmd(
-        quick: bool = typer.Option(False, "--quick", help="seeds 42,123, a 24-step RLHF job, 60-step canaries "
-                                   "(under 10 minutes on 2 cores)"),
+        quick: bool = typer.Option(False, "--quick", help="seeds 42,123, a 24-step RLHF job, 60-step canaries, "
+                                   "no OPPO bench unless --stages names it (under 10 minutes on 2 cores)"),
         runner: str = typer.Option("thread", "--runner", help="task runner for the simulation fan-out: thread "
                                    "(Prefect threads + a local process pool) or ray (needs pip install '.\\[ray]')"),
         workers: int = typer.Option(None, "--workers", help="compute processes for simulation units (default: "
