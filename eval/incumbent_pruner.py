@@ -1,51 +1,54 @@
-"""A sweep pruner that asks the sweep's question: can this trial still beat the incumbent?
+"""A sweep pruner that asks the sweep's question: can this trial still beat the best checkpoint the sweep has?
 
 A live run asks "is this run declining?"; a sweep asks whether a trial can still deliver a better checkpoint than
-the best trial finished so far (the incumbent). Optuna's `MedianPruner` and `WilcoxonPruner` answer with a rank or a
-p-value over means, with no error rate a user can rely on. This pruner answers on paired evidence: every trial
-reports, at each checkpoint, its per-prompt held-out scores, sampled on the same prompts with the same sampling seed
-(the gate's common random numbers, `eval.optuna_pruner.report_checkpoint(..., prompts=...)`), so the per-prompt
-difference of two checkpoints cancels prompt difficulty and most sampling noise.
+the best one any other trial has recorded (the reference). Optuna's `MedianPruner` and `WilcoxonPruner` answer with
+a rank or a p-value over means, with no error rate a user can rely on. This pruner answers on paired evidence: every
+trial reports, at each checkpoint, its per-prompt held-out scores, sampled on the same prompts with the same sampling
+seed (the gate's common random numbers, `eval.optuna_pruner.report_checkpoint(..., prompts=...)`), and is compared
+prompt by prompt with the reference. A pruned trial keeps its best checkpoint (Optuna values it by the best score it
+reported), so what pruning gives up is only the trial's future checkpoints; the rule therefore bounds the trial's
+present and allows for the improvement still to come.
 
-The rule (scores in the study's direction; `margin` m: the least improvement on the incumbent that makes a trial
-worth finishing, default 0). A pruned trial keeps its best checkpoint (Optuna values it by the best score it
-reported), so what pruning gives up is only the trial's future checkpoints. At a checkpoint at step s (s >=
-`n_warmup_steps`) the trial is pruned when both hold:
+**The rule** (scores in the direction the trial keeps its best checkpoint; `margin` m: the least improvement on the
+reference that makes a trial worth finishing). At the trial's k-th checkpoint at step s (s >= `n_warmup_steps`):
 
-1. **it is not at the incumbent's level now**: the upper confidence bound of the mean paired difference between the
-   trial at s and the incumbent's best checkpoint (its value), on the same prompts, is below m;
-2. **it is not keeping pace with the incumbent**: the upper bound of the mean paired difference between the trial at
-   s and the incumbent at the same step (its checkpoint at the largest step <= s) is below m. (A trial that learns
-   as fast as the incumbent did may still overtake it; one behind the incumbent's own curve is not catching up.)
+- the **reference** R is the best checkpoint (highest mean) that any other trial of the study has reported so far,
+  finished or still running: a checkpoint the sweep will keep whatever happens next (a running trial keeps its best);
+- the trial's **present** is the per-prompt mean of its last `window` checkpoints (fewer at its start): on a plateau,
+  three checkpoints carry three times the sampling information of one;
+- the **allowance** A(s) is the largest improvement any other trial has shown after step s: the most its
+  `window`-checkpoint mean rose from step s to any later checkpoint (at least 0), over every other trial with a
+  checkpoint at or before s and one after it; with fewer than `min_history` such trials there is no estimate and
+  nothing is pruned;
+- the trial is pruned when U + A(s) < m, U the one-sided upper confidence bound, at level a_k, of the mean over the
+  gate's prompts of the paired difference (present - R): Student's t on the per-prompt differences
+  (`eval.paired.paired_diff`; a checkpoint is compared on the prompts its gate scored). a_k = alpha / K when the
+  trial's planned number of checkpoints K is known (`report_checkpoint(..., planned_checkpoints=K)`, which the sweep
+  runner gives), else alpha / (k (k + 1)); summed over any number of looks, alpha.
 
-Each bound is a one-sided upper confidence bound on the mean paired difference over the gate's n prompts (Student's
-t on the per-prompt differences of `eval.paired.paired_diff`: a checkpoint is compared on the fixed set of prompts
-its gate scored, so a fixed-n bound is the tight one), and alpha is spent over the looks so that every bound a trial
-will ever see holds at once with probability >= 1 - alpha (a union bound): alpha / K at each look when the trial's
-planned number of checkpoints K is known (`report_checkpoint(..., planned_checkpoints=K)`, which the sweep runner
-gives), else alpha / (k (k + 1)) at the k-th look after the warm-up (the a_k sum to alpha for any number of looks).
-The incumbent's checkpoints are the references: a fixed best one (condition 1) and one per step (condition 2); the
-choice of the incumbent among the finished trials is a selection on the same kind of scores, and the simulation
-includes it.
+**What alpha bounds.** Call a trial *able to beat the reference* when a checkpoint it has not reached yet has a true
+mean (expectation over the gate's sampling) of at least R's recorded mean + m, and *no faster than the history*
+when its true improvement after every look is at most that look's allowance. Such a trial is pruned with
+probability at most alpha, however many checkpoints it reports and whichever recorded checkpoint is the reference:
+a prune needs U + A(s) < m, hence (when the bound holds) a true present below R + m - A(s), hence every later
+checkpoint below R + m; and the bounds all hold at once with probability >= 1 - alpha (a union bound). The reference
+is conditioned on (its recorded scores are fixed numbers), so choosing it as a maximum over many noisy checkpoints
+does not break the statement; it makes the bar the one the sweep itself ranks by. What is assumed, not guaranteed:
+the no-faster-than-history condition (`tests/eval/test_incumbent_pruner.py` measures the rate by simulation with
+trials drawn from the same family of curves as their history, and checks the power on trials truly worse).
 
-**Error rate.** Given the incumbent, a trial whose true mean (over the gate's prompts, at the run's sampling seed)
-at every checkpoint it is looked at is at least the incumbent's at the same step plus m (it keeps pace), or at least
-the incumbent's best plus m (it is already as good), is pruned with probability at most alpha, however many
-checkpoints it reports. The incumbent is itself chosen as the best finished trial on noisy scores, a selection the
-bounds do not see: with the incumbent the best of 4 trials as good as the challenger, the simulation measures 1.8%
-(open-ended spending) and 2.3% (planned) at alpha = 2%. What no pruner can cover: a trial truly behind on both
-counts now that would overtake the incumbent later; `n_warmup_steps` is the knob for that.
-`tests/eval/test_incumbent_pruner.py` checks these rates by simulation and the power against trials that are truly
-worse.
-
-Until the first trial completes there is no incumbent and nothing is pruned. Stateless (everything is read from the
-trials' user attributes), so it works with any Optuna storage and from any process. No Prefect, MLflow or CLI.
+Until `min_history` other trials have data past a step nothing is pruned at that step. In a study whose direction
+disagrees with how its trials keep checkpoints (a minimising sweep of trials that keep their highest held-out score,
+as `sweeps.runner` trials do), a trial's value can only get worse with more checkpoints: it is pruned as soon as its
+kept value so far is no better than a finished trial's value by m (a certainty, no alpha spent). Stateless
+(everything is read from the trials' user attributes), so it works with any Optuna storage and from any process.
+No Prefect, MLflow or CLI.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -56,10 +59,12 @@ from optuna.pruners import BasePruner
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from eval.optuna_pruner import PLANNED_KEY, reported_checkpoints
+from eval.optuna_pruner import PLANNED_KEY, keeps_highest, reported_checkpoints
 
 #: a checkpoint's per-prompt scores: {prompt id: score}
 PromptScores = Mapping[str, float]
+#: one trial's checkpoints: (step, per-prompt scores) in step order
+Series = Sequence[tuple[int, PromptScores]]
 
 
 def look_level(alpha: float, k: int, planned: int | None = None) -> float:
@@ -102,79 +107,105 @@ def mean_of(scores: PromptScores) -> float:
     return float(np.mean(vals)) if vals else -math.inf
 
 
+def present(series: Series, window: int) -> dict[str, float]:
+    """The per-prompt mean of the last `window` checkpoints of `series` (on the prompts all of them scored)."""
+    last = [c for _, c in series[-window:]]
+    common = set(last[0]).intersection(*last[1:]) if last else set()
+    return {p: float(np.mean([float(c[p]) for c in last])) for p in sorted(common)}
+
+
+def allowance(others: Sequence[Series], step: int, window: int, min_history: int) -> float | None:
+    """The largest improvement another trial showed after `step`: the most its `window`-checkpoint mean rose from
+    its last checkpoint at or before `step` to any later one (>= 0), over the trials with checkpoints on both sides;
+    None with fewer than `min_history` of them."""
+    gains = []
+    for series in others:
+        means = [mean_of(c) for _, c in series]
+        smooth = [float(np.mean(means[max(0, i - window + 1): i + 1])) for i in range(len(means))]
+        before = [i for i, (s, _) in enumerate(series) if s <= step]
+        if not before or before[-1] + 1 >= len(series):
+            continue
+        i = before[-1]
+        gains.append(max(0.0, max(smooth[i + 1:]) - smooth[i]))
+    return max(gains) if len(gains) >= max(min_history, 1) else None
+
+
 @dataclass(frozen=True)
 class Decision:
-    """Why a trial was (or was not) pruned at its latest checkpoint (`step`, its `look`-th look): `diff_best` and
-    `best_upper` are the mean paired difference (trial - incumbent's best checkpoint) and its upper bound,
-    `diff_pace`/`pace_upper` the same against the incumbent at the same step, `n` the prompts paired."""
+    """Why a trial was (or was not) pruned at its latest checkpoint (`step`, its `look`-th look at `level`): `diff`
+    and `upper` are the mean paired difference (its present - the reference) and its upper bound over `n` prompts,
+    `allowance` the improvement still allowed for (None: too little history), the reference `reference_trial`'s
+    checkpoint at `reference_step` with mean `reference_score`."""
 
     prune: bool
     step: int
     look: int
-    best_upper: float
-    pace_upper: float
-    diff_best: float
-    diff_pace: float
+    level: float
+    diff: float
+    upper: float
+    allowance: float | None
     n: int
-    incumbent_step: int | None = None
-    pace_step: int | None = None
+    reference_trial: int | None = None
+    reference_step: int | None = None
+    reference_score: float = math.nan
 
     def reason(self, margin: float, alpha: float) -> str:
-        return (f"cannot beat the incumbent by {margin:g} (alpha {alpha:g}): at step {self.step}, {self.n} prompts "
-                f"paired, vs its best (step {self.incumbent_step}) {self.diff_best:+.4f} (upper {self.best_upper:+.4f})"
-                f", vs its step {self.pace_step} {self.diff_pace:+.4f} (upper {self.pace_upper:+.4f})")
+        allow = "none (too little history)" if self.allowance is None else f"{self.allowance:+.4f}"
+        return (f"cannot beat the sweep's best checkpoint by {margin:g} (alpha {alpha:g}): at step {self.step}, "
+                f"{self.n} prompts paired with trial {self.reference_trial}'s step {self.reference_step} "
+                f"({self.reference_score:+.4f}): {self.diff:+.4f} (upper {self.upper:+.4f}), improvement still "
+                f"allowed {allow}")
 
 
-def decide(trial: list[tuple[int, PromptScores]], incumbent: list[tuple[int, PromptScores]], *,
-           alpha: float = 0.02, margin: float = 0.0, n_warmup_steps: int = 0, min_prompts: int = 8,
-           planned: int | None = None) -> Decision:
-    """The rule on plain data: `trial` and `incumbent` are (step, per-prompt scores) in step order, scores in the
-    higher-is-better direction; the decision is at the trial's last checkpoint, its k-th look (k: its checkpoints
-    at steps >= `n_warmup_steps` so far), at level `look_level(alpha, k, planned)` for both comparisons (`planned`:
-    the trial's planned number of checkpoints, when known)."""
+def decide(trial: Series, reference: PromptScores, others: Sequence[Series], *, alpha: float = 0.05,
+           margin: float = 0.0, window: int = 3, n_warmup_steps: int = 0, min_prompts: int = 8,
+           min_history: int = 2, planned: int | None = None) -> Decision:
+    """The rule on plain data (scores in the higher-is-better direction): `trial` is the trial's checkpoints so far,
+    `reference` the per-prompt scores of the best checkpoint another trial recorded, `others` the other trials'
+    checkpoints (the allowance's history); the decision is at the trial's last checkpoint, its k-th look (k: its
+    checkpoints at steps >= `n_warmup_steps`), at level `look_level(alpha, k, planned)`."""
     nan = math.nan
-    if not trial or not incumbent:
-        return Decision(False, trial[-1][0] if trial else -1, 0, nan, nan, nan, nan, 0)
-    step, current = int(trial[-1][0]), trial[-1][1]
+    if not trial or not reference:
+        return Decision(False, int(trial[-1][0]) if trial else -1, 0, nan, nan, nan, None, 0)
+    step = int(trial[-1][0])
     looks = sum(1 for s, _ in trial if s >= n_warmup_steps)
     level = look_level(alpha, max(looks, 1), planned)
-
-    def against(ref: PromptScores) -> tuple[float, float, int]:
-        d = paired(current, ref)
-        if len(d) < min_prompts:
-            return math.inf, nan, len(d)
-        return upper_bound(d, level), float(d.mean()), len(d)
-
-    # 1. the incumbent's best checkpoint (its value): can the trial's present checkpoint beat it?
-    best_step, best = max(incumbent, key=lambda c: (mean_of(c[1]), -c[0]))
-    best_upper, diff_best, n = against(best)
-    # 2. the incumbent at the same step (its checkpoint at the largest step <= this one): is the trial keeping pace?
-    earlier = [c for c in incumbent if c[0] <= step]
-    pace_upper, diff_pace, pace_step = math.inf, nan, None
-    if earlier:
-        pace_step = int(earlier[-1][0])
-        pace_upper, diff_pace, _ = against(earlier[-1][1])
-    prune = looks >= 1 and step >= n_warmup_steps and best_upper < margin and pace_upper < margin
-    return Decision(prune, step, looks, best_upper, pace_upper, diff_best, diff_pace, n, int(best_step), pace_step)
+    d = paired(present(trial, window), reference)
+    allow = allowance(others, step, window, min_history)
+    if len(d) < min_prompts:
+        return Decision(False, step, looks, level, nan, math.inf, allow, len(d))
+    upper = upper_bound(d, level)
+    # at its last planned checkpoint a trial has nothing left to save: it ends as it is
+    last = planned is not None and len(trial) >= planned
+    prune = looks >= 1 and step >= n_warmup_steps and not last and allow is not None and upper + allow < margin
+    return Decision(prune, step, looks, level, float(d.mean()), upper, allow, len(d))
 
 
 class IncumbentPruner(BasePruner):
-    """Prune a trial when its paired per-prompt evidence says it cannot beat the incumbent (the best COMPLETE trial
-    so far) by `margin`, at level `alpha` (see the module docstring for the rule and its error rate). Trials report
-    with `eval.optuna_pruner.report_checkpoint(trial, step, score, prompts={id: score}, series=...)`; a trial
-    without per-prompt records is never pruned. `n_warmup_steps`: never prune before this step. `min_prompts`: the
-    fewest prompts paired for a bound to count."""
+    """Prune a trial when its paired per-prompt evidence says it cannot beat the best checkpoint any other trial has
+    recorded by `margin`, at level `alpha`, allowing for the largest improvement other trials showed after the same
+    step (see the module docstring for the rule and what alpha bounds). Trials report with
+    `eval.optuna_pruner.report_checkpoint(trial, step, score, prompts={id: score}, series=...)`; a trial without
+    per-prompt records is never pruned. `window`: checkpoints averaged into the trial's present; `n_warmup_steps`:
+    never prune before this step; `min_prompts`: the fewest prompts paired for a bound to count; `min_history`: the
+    fewest other trials with checkpoints past a step for the allowance there."""
 
-    def __init__(self, alpha: float = 0.02, margin: float = 0.0, n_warmup_steps: int = 0, min_prompts: int = 8):
+    def __init__(self, alpha: float = 0.05, margin: float = 0.0, window: int = 3, n_warmup_steps: int = 0,
+                 min_prompts: int = 8, min_history: int = 2):
         if not 0 < alpha < 1:
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
         if not math.isfinite(margin):
             raise ValueError(f"margin must be a finite number, got {margin}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
         if n_warmup_steps < 0:
             raise ValueError(f"n_warmup_steps must be >= 0, got {n_warmup_steps}")
         if min_prompts < 2:
             raise ValueError(f"min_prompts must be >= 2, got {min_prompts}")
-        self.alpha, self.margin, self.n_warmup_steps, self.min_prompts = alpha, margin, n_warmup_steps, min_prompts
+        if min_history < 1:
+            raise ValueError(f"min_history must be >= 1, got {min_history}")
+        self.alpha, self.margin, self.window = alpha, margin, window
+        self.n_warmup_steps, self.min_prompts, self.min_history = n_warmup_steps, min_prompts, min_history
 
     @property
     def name(self) -> str:
@@ -182,7 +213,7 @@ class IncumbentPruner(BasePruner):
 
     @staticmethod
     def series_of(trial: FrozenTrial, series: int | None, sign: float) -> list[tuple[int, dict[str, float]]]:
-        """(step, per-prompt scores in the maximising direction) of one series of `trial` (None: its latest)."""
+        """(step, per-prompt scores times `sign`) of one series of `trial` (None: its latest)."""
         raw = [(s, c) for s, c in reported_checkpoints(trial.user_attrs) if c.get("prompts")]
         if not raw:
             return []
@@ -191,48 +222,85 @@ class IncumbentPruner(BasePruner):
         return [(s, {p: sign * float(v) for p, v in c["prompts"].items()})
                 for s, c in raw if int(c.get("series", 0)) == series]
 
+    @staticmethod
+    def _sign(trial: FrozenTrial, study: optuna.Study) -> float:
+        """+1 when the trial keeps its highest checkpoint, -1 its lowest."""
+        return 1.0 if keeps_highest(trial.user_attrs, study.direction) else -1.0
+
     def incumbent(self, study: optuna.Study, exclude: int | None = None) -> FrozenTrial | None:
-        """The best COMPLETE trial (by value) that reported per-prompt scores."""
-        done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if t.number != exclude and t.value is not None and math.isfinite(t.value)
-                and any(c.get("prompts") for _, c in reported_checkpoints(t.user_attrs))]
+        """The best finished trial (COMPLETE, or PRUNED with its kept value) by value."""
+        done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+                if t.number != exclude and t.value is not None and math.isfinite(t.value)]
         if not done:
             return None
         sign = -1.0 if study.direction == StudyDirection.MINIMIZE else 1.0
         return max(done, key=lambda t: (sign * float(t.value), -t.number))
 
     def decision(self, study: optuna.Study, trial: FrozenTrial) -> Decision | None:
-        """The rule's verdict at `trial`'s latest checkpoint (None: no incumbent or no per-prompt records)."""
-        sign = -1.0 if study.direction == StudyDirection.MINIMIZE else 1.0
+        """The rule's verdict at `trial`'s latest checkpoint (None: no reference, or no per-prompt records)."""
+        sign = self._sign(trial, study)
         mine = self.series_of(trial, None, sign)
         if not mine:
             return None
-        inc = self.incumbent(study, exclude=trial.number)
-        if inc is None:
-            return None
         series = int(reported_checkpoints(trial.user_attrs)[-1][1].get("series", 0))
-        theirs = self.series_of(inc, series, sign) or self.series_of(inc, None, sign)
-        if not theirs:
+        others = []
+        numbers = []
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                          TrialState.RUNNING)):
+            if t.number == trial.number:
+                continue
+            s = self.series_of(t, series, sign)
+            if s:
+                others.append(s)
+                numbers.append(t.number)
+        if not others:
             return None
+        ref_i, (ref_step, ref) = max(((i, c) for i, s in enumerate(others) for c in s),
+                                     key=lambda x: (mean_of(x[1][1]), -numbers[x[0]], -x[1][0]))
         planned = trial.user_attrs.get(PLANNED_KEY)
-        return decide(mine, theirs, alpha=self.alpha, margin=self.margin, n_warmup_steps=self.n_warmup_steps,
-                      min_prompts=self.min_prompts, planned=int(planned) if planned else None)
+        d = decide(mine, ref, others, alpha=self.alpha, margin=self.margin, window=self.window,
+                   n_warmup_steps=self.n_warmup_steps, min_prompts=self.min_prompts, min_history=self.min_history,
+                   planned=int(planned) if planned else None)
+        return Decision(d.prune, d.step, d.look, d.level, d.diff, d.upper, d.allowance, d.n, numbers[ref_i],
+                        int(ref_step), sign * mean_of(ref))
+
+    def _worse_for_ever(self, study: optuna.Study, trial: FrozenTrial) -> str | None:
+        """In a study whose direction disagrees with how the trial keeps its checkpoint, the trial's value only gets
+        worse: a reason when it is already no better than a finished trial's by the margin, else None."""
+        from eval.optuna_pruner import best_value
+
+        inc = self.incumbent(study, exclude=trial.number)
+        value = best_value(trial)
+        if inc is None or not math.isfinite(value):
+            return None
+        sign = -1.0 if study.direction == StudyDirection.MINIMIZE else 1.0
+        if sign * value <= sign * float(inc.value) + self.margin:
+            return (f"its value so far ({value:+.4f}) can only get worse and is not better than trial {inc.number}'s "
+                    f"({float(inc.value):+.4f}) by {self.margin:g}")
+        return None
+
+    def _direction_agrees(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        return keeps_highest(trial.user_attrs, study.direction) == (study.direction != StudyDirection.MINIMIZE)
 
     def reason(self, study: optuna.Study, trial: FrozenTrial) -> str:
         """The evidence behind a prune, as a stop reason a user reads."""
+        if not self._direction_agrees(study, trial):
+            return self._worse_for_ever(study, trial) or "no finished trial to compare with"
         d = self.decision(study, trial)
-        return d.reason(self.margin, self.alpha) if d is not None else "no incumbent"
+        return d.reason(self.margin, self.alpha) if d is not None else "no other trial's checkpoints"
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
         if trial.last_step is None or trial.last_step < self.n_warmup_steps:
             return False
+        if not self._direction_agrees(study, trial):
+            return self._worse_for_ever(study, trial) is not None
         d = self.decision(study, trial)
         return bool(d is not None and d.prune)
 
 
 def make(params: Mapping[str, Any]) -> IncumbentPruner:
     """An `IncumbentPruner` from a sweep spec's `pruning.params` (ValueError naming a wrong key)."""
-    allowed = {"alpha", "margin", "n_warmup_steps", "min_prompts"}
+    allowed = {"alpha", "margin", "window", "n_warmup_steps", "min_prompts", "min_history"}
     extra = set(params) - allowed
     if extra:
         raise ValueError(f"unknown parameter '{sorted(extra)[0]}' for the incumbent pruner (allowed: "

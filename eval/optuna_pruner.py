@@ -45,6 +45,8 @@ from eval.detectors import DEFAULT_DETECTOR, Checkpoint, Detector, make_detector
 CKPT_PREFIX = "rlhfops.ckpt."
 #: user attribute key of the number of checkpoints each series of a trial plans to report
 PLANNED_KEY = "rlhfops.planned_checkpoints"
+#: user attribute key of which checkpoint the trial keeps: "highest" or "lowest" score (absent: the study's direction)
+KEEP_KEY = "rlhfops.keep"
 NAN = float("nan")
 
 
@@ -58,7 +60,7 @@ def _f(x: Any) -> float:
 
 def report_checkpoint(trial: optuna.Trial, step: int, score: float, *, se: float = NAN, reward: float = NAN,
                       series: int = 0, prompts: Mapping[Any, float] | None = None,
-                      planned_checkpoints: int | None = None) -> float:
+                      planned_checkpoints: int | None = None, keep: str | None = None) -> float:
     """Record one checkpoint of `trial` (the held-out `score`, its standard error `se`, the proxy `reward` at that
     step; `series` numbers independent curves within one trial, e.g. seeds trained one after another) and report the
     best score so far (in the study's direction) as Optuna's intermediate value at `step`. Returns that best.
@@ -66,7 +68,14 @@ def report_checkpoint(trial: optuna.Trial, step: int, score: float, *, se: float
     `prompts`: the checkpoint's per-prompt held-out scores, {prompt id: score}, sampled with the run's fixed
     sampling seed (the gate's common random numbers); `eval.incumbent_pruner.IncumbentPruner` pairs them with the
     incumbent trial's scores on the same prompts. `planned_checkpoints`: how many checkpoints each series of the
-    trial will report if it runs to the end (the pruner spends its error rate over them)."""
+    trial will report if it runs to the end (the pruner spends its error rate over them). `keep`: which checkpoint
+    the trial keeps, "highest" or "lowest" score (default: the best in the study's direction); a sweep trial keeps its
+    highest held-out score in either direction (`training.lifecycle.best_of`) and says so, so that the value Optuna
+    and every pruner see is the checkpoint the trial really keeps."""
+    if keep not in (None, "highest", "lowest"):
+        raise ValueError(f"keep must be 'highest' or 'lowest', got {keep!r}")
+    if keep is not None and KEEP_KEY not in trial.user_attrs:
+        trial.set_user_attr(KEEP_KEY, keep)
     step = int(step)
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
@@ -76,7 +85,8 @@ def report_checkpoint(trial: optuna.Trial, step: int, score: float, *, se: float
     if planned_checkpoints is not None and PLANNED_KEY not in trial.user_attrs:
         trial.set_user_attr(PLANNED_KEY, int(planned_checkpoints))
     trial.set_user_attr(f"{CKPT_PREFIX}{step:09d}", attr)
-    best = best_checkpoint_of(trial.study.direction, reported_checkpoints(trial.user_attrs), series)
+    best = best_checkpoint_of(trial.study.direction, reported_checkpoints(trial.user_attrs), series,
+                              highest=keeps_highest(trial.user_attrs, trial.study.direction))
     value = best[1] if best is not None else _f(score)
     trial.report(value, step)
     return value
@@ -92,11 +102,23 @@ def reported_checkpoints(attrs: Mapping[str, Any]) -> list[tuple[int, dict[str, 
     return sorted(out)
 
 
+def keeps_highest(attrs: Mapping[str, Any], direction: StudyDirection) -> bool:
+    """Whether a trial (its user attributes) keeps its highest-scoring checkpoint: as `report_checkpoint(...,
+    keep=)` recorded, else the study's direction."""
+    keep = attrs.get(KEEP_KEY)
+    if keep is not None:
+        return keep == "highest"
+    return direction != StudyDirection.MINIMIZE
+
+
 def best_checkpoint_of(direction: StudyDirection, checkpoints: list[tuple[int, dict[str, float]]],
-                       series: int | None = None) -> tuple[int, float, float] | None:
-    """(step, score, se) of the best finite checkpoint (of `series`, or of all); ties go to the earlier step (less
-    optimisation pressure). None when there is none."""
-    sign = -1.0 if direction == StudyDirection.MINIMIZE else 1.0
+                       series: int | None = None, highest: bool | None = None) -> tuple[int, float, float] | None:
+    """(step, score, se) of the best finite checkpoint (of `series`, or of all): the highest score when `highest`
+    (default: the study's direction says which); ties go to the earlier step (less optimisation pressure). None when
+    there is none."""
+    if highest is None:
+        highest = direction != StudyDirection.MINIMIZE
+    sign = 1.0 if highest else -1.0
     best = None
     for step, c in checkpoints:
         if series is not None and int(c.get("series", 0)) != series:
@@ -112,7 +134,8 @@ def best_checkpoint_of(direction: StudyDirection, checkpoints: list[tuple[int, d
 def best_value(trial: optuna.Trial | FrozenTrial) -> float:
     """The trial's best checkpoint score over everything it reported with `report_checkpoint` (NaN if nothing)."""
     direction = trial.study.direction if isinstance(trial, optuna.Trial) else StudyDirection.MAXIMIZE
-    best = best_checkpoint_of(direction, reported_checkpoints(trial.user_attrs))
+    best = best_checkpoint_of(direction, reported_checkpoints(trial.user_attrs),
+                              highest=keeps_highest(trial.user_attrs, direction))
     return best[1] if best is not None else NAN
 
 

@@ -1,7 +1,8 @@
 """Every pruner a sweep spec can name (`pruning: {detector: NAME, params: {...}}`), built in one place:
 
-- `incumbent`: `eval.incumbent_pruner.IncumbentPruner`, paired per-prompt evidence against the best finished
-  trial, with a stated error rate (params: alpha, margin, n_warmup_steps, min_prompts);
+- `incumbent`: `eval.incumbent_pruner.IncumbentPruner`, paired per-prompt evidence against the best checkpoint
+  another trial recorded, with a stated error rate (params: alpha, margin, window, n_warmup_steps, min_prompts,
+  min_history);
 - `median`, `wilcoxon`: Optuna's `MedianPruner` and `WilcoxonPruner` on the trials' intermediate values (the best
   checkpoint score so far; Optuna's own defaults unless params say otherwise), for comparison;
 - `none`: no pruning;

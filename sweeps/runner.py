@@ -381,7 +381,8 @@ class SweepRunner:
             with self._lock:
                 report_checkpoint(trial, global_step, m.get("gold_eval", math.nan), se=m.get("gold_eval_se", math.nan),
                                   reward=m.get("reward_mean", math.nan), series=seed_index,
-                                  prompts=gate_scores(out_dir, step), planned_checkpoints=looks)
+                                  prompts=gate_scores(out_dir, step), planned_checkpoints=looks,
+                                  keep="highest")  # the checkpoint run_trial keeps (best_of), in either direction
                 if self.prune and trial.should_prune():
                     return stop_reason(trial.study.pruner, trial.study, trial, step)
             return None

@@ -45,13 +45,53 @@ def one_run(spec, ledger_factory, prune: bool, console) -> dict:
                           for t in summary["trials"]]}
 
 
+def step_costs(run_dir: Path) -> dict[tuple[int, int, int], float]:
+    """(trial, seed index, step) -> the step's GPU-seconds (its timed phases, one GPU) from the trial run
+    directories' `metrics.csv` under a sweep's `run_dir` (`trial-NNNN/seed-S/`)."""
+    import csv
+
+    out = {}
+    for path in sorted(Path(run_dir).glob("trial-*/seed-*/metrics.csv")):
+        trial, seed = int(path.parent.parent.name.split("-")[1]), int(path.parent.name.split("-")[1])
+        with path.open() as f:
+            for row in csv.DictReader(f):
+                out[(trial, seed, int(row["step"]))] = sum(float(v or 0.0) for k, v in row.items()
+                                                           if k.startswith("phase_") and k.endswith("_s"))
+    return out
+
+
+def priced(runs: dict[str, dict], dirs: dict[str, Path], gpus_per_trial: int) -> None:
+    """Each run's GPU-seconds at the unpruned run's prices, in place (`gpu_seconds_priced`): every step a run trained
+    is charged what the same step (same trial settings, seed and step: the same computation, since the runs share the
+    sampler seed and training is deterministic) cost in the unpruned run, so the comparison does not move with the
+    machine's load between the four runs. A step the unpruned run has no price for (a setting it did not try) is
+    charged as measured."""
+    prices = step_costs(dirs["unpruned"])
+    params = {t["number"]: t["params"] for t in runs["unpruned"]["per_trial"]}
+    for label, r in runs.items():
+        mine = {t["number"]: t["params"] for t in r["per_trial"]}
+        total, unpriced = 0.0, 0
+        for key, cost in step_costs(dirs[label]).items():
+            same = mine.get(key[0]) == params.get(key[0])
+            if same and key in prices:
+                total += prices[key]
+            else:
+                total += cost
+                unpriced += 1
+        r["gpu_seconds_priced"] = total * gpus_per_trial
+        r["steps_unpriced"] = unpriced
+
+
 def compare(runs: dict[str, dict]) -> None:
-    """Each run's savings against the unpruned one, in place: `gpu_seconds_saved_frac`, `steps_saved_frac`,
-    `wall_saved_frac`, `best_score_gap` (unpruned best - this best) and `best_within_one_se` (gap within the unpruned
-    best's SE)."""
+    """Each run's savings against the unpruned one, in place: `gpu_seconds_saved_frac` (at the unpruned run's prices,
+    `priced`; the saving as measured is `gpu_seconds_measured_saved_frac`), `steps_saved_frac`, `wall_saved_frac`,
+    `best_score_gap` (unpruned best - this best) and `best_within_one_se` (gap within the unpruned best's SE)."""
     u = runs["unpruned"]
     for r in runs.values():
-        r["gpu_seconds_saved_frac"] = 1 - r["gpu_seconds"] / u["gpu_seconds"] if u["gpu_seconds"] else math.nan
+        up = u.get("gpu_seconds_priced", u["gpu_seconds"])
+        r["gpu_seconds_saved_frac"] = 1 - r.get("gpu_seconds_priced", r["gpu_seconds"]) / up if up else math.nan
+        r["gpu_seconds_measured_saved_frac"] = (1 - r["gpu_seconds"] / u["gpu_seconds"] if u["gpu_seconds"]
+                                                else math.nan)
         r["steps_saved_frac"] = 1 - r["steps_trained"] / u["steps_trained"] if u["steps_trained"] else math.nan
         r["wall_saved_frac"] = 1 - r["wall_s"] / u["wall_s"] if u["wall_s"] else math.nan
         gap = u["best_score"] - r["best_score"]
@@ -106,13 +146,15 @@ def register_bench(bench_app: typer.Typer) -> None:
         from training.trainer import Trainer
 
         Trainer(trial_config(base, {k: p.candidates()[0] for k, p in base.space.items()}), base.overlap, None)
-        runs = {}
+        runs, dirs = {}, {}
         for label, pruner in VARIANTS.items():
             # the spec's own params go to the pruner it names (the incumbent pruner's alpha and margin, say)
             params = dict(base.pruning.params) if pruner == base.pruning.detector else {}
             spec_run = base.model_copy(update={"name": f"{base.name}-{label}", "out_dir": str(work / label),
                                                "pruning": PruningSpec(detector=pruner or "none", params=params)})
             runs[label] = one_run(spec_run, lambda: Ledger(load_prices()), pruner is not None, console)
+            dirs[label] = spec_run.run_dir
+        priced(runs, dirs, base.gpus_per_trial)
         compare(runs)
         p = runs["pruned"]
         result = {
@@ -121,14 +163,16 @@ def register_bench(bench_app: typer.Typer) -> None:
             **runs,
             # the incumbent pruner's figures at the top level, as before the comparison runs were added
             "gpu_seconds_saved_frac": p["gpu_seconds_saved_frac"], "wall_saved_frac": p["wall_saved_frac"],
-            # PPO steps are not inflated by other load on the machine, GPU-seconds (timed phases) are
+            # GPU-seconds at the unpruned run's per-step prices and PPO steps do not move with the machine's load
             "steps_saved_frac": p["steps_saved_frac"], "best_score_gap": p["best_score_gap"],
             "best_within_one_se": p["best_within_one_se"], "acceptance": acceptance(runs),
             "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
         }
         for label, r in runs.items():
-            console.print(f"{label:>9} ({r['pruner']}): GPU-s {r['gpu_seconds']:.1f} ({r['gpu_seconds_saved_frac']:.1%}"
-                          f" saved), PPO steps {r['steps_trained']} ({r['steps_saved_frac']:.1%} saved), "
+            console.print(f"{label:>9} ({r['pruner']}): GPU-s at unpruned prices {r['gpu_seconds_priced']:.1f} "
+                          f"({r['gpu_seconds_saved_frac']:.1%} saved; measured {r['gpu_seconds']:.1f}, "
+                          f"{r['gpu_seconds_measured_saved_frac']:.1%}), PPO steps {r['steps_trained']} "
+                          f"({r['steps_saved_frac']:.1%} saved), "
                           f"{r['trials_pruned']} of {r['trials']} pruned, best {r['best_score']:+.4f} ± "
                           f"{r['best_se']:.4f}, load {r['load_avg_1m'][0]:.1f}-{r['load_avg_1m'][1]:.1f}")
         verdicts = result["acceptance"].items()
