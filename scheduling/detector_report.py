@@ -261,14 +261,13 @@ def calibration_check(corpus: Path) -> str:
     """The default's calibrated bar: its target, the tune fleet it was fitted on, the false-stop rate per kind of
     run (with and without a proxy reward) on every part with a 95% exact CI, and the issue's acceptance lines on
     the report half, each held-out split and all of them pooled."""
-    import yaml
-
+    from common.config import read_yaml_mapping
     from eval.calibrate import calibration_groups, has_proxy
     from eval.corpus import ALL_SPLITS, CHOSEN_ON_SPLITS, PAIRED_SPLITS
     from eval.detectors import DETECTOR_CONFIG
     from eval.traces import detection_quality, verdicts
 
-    entry = (yaml.safe_load(DETECTOR_CONFIG.read_text()).get("detectors") or {}).get(DEFAULT_DETECTOR) or {}
+    entry = (read_yaml_mapping(DETECTOR_CONFIG, "detector config").get("detectors") or {}).get(DEFAULT_DETECTOR) or {}
     det = make_detector(DEFAULT_DETECTOR)
     lines = []
     runs_of = {split: _split_runs(corpus, split) for split in ALL_SPLITS}
