@@ -270,3 +270,24 @@ def test_progress_is_reported_every_hundredth_of_the_jobs(jobs, reported, coales
     res = simulate(wl, FIFO(), gpus=1, progress=seen.append, coalesce=coalesce)
     assert seen == reported
     assert res.end.tolist() == [float(k + 1) for k in range(jobs)]  # each ends as the next arrives
+
+
+# ------------------------------------------------------------------------------- planned stops, job by job
+def test_planned_stops_by_hand_with_jobs_of_no_one_and_several_checkpoints():
+    """StopAt0.5+FIFO's batch plan (the flat index of the checkpoint each job stops at, -1 never) over: an RLHF job
+    with no checkpoint (-1), one with a single checkpoint at progress 1 (stopped there: flat 0), one with quarters
+    (stopped at progress 0.5: flat 1 + 1 = 2), a LoRA job with quarters (out of StopAt's scope: -1) and an RLHF job
+    whose checkpoints stop short of 0.5 (-1). FIFO, which never stops a job, plans -1 for each."""
+    from scheduling.jobview import CheckpointSeries
+    from scheduling.workload import JOB_TYPES
+
+    lora = dict(type="lora", cps=quarters([0.5] * 4))
+    jobs = [dict(cps=[]), dict(cps=[(1.0, 0.5, 1.0)]), dict(cps=quarters([0.5] * 4)), lora,
+            dict(cps=[(0.1, 0.5, 1.0), (0.3, 0.5, 1.0)])]
+    wl = hand_workload([dict(arrival=0.0, duration=1.0, **j) for j in jobs])
+    series = CheckpointSeries(job_type=wl.job_type, cp_start=wl.cp_start, progress=wl.cp_progress,
+                              eval_score=wl.cp_eval, loss=wl.cp_loss, reward=wl.cp_reward, eval_se=wl.eval_se)
+    plan = parse_scheduler("StopAt0.5+FIFO").plan_stops(series, JOB_TYPES)
+    assert plan.tolist() == [-1, 0, 2, -1, -1] and plan.dtype == np.int64
+    never = FIFO().plan_stops(series, JOB_TYPES)
+    assert never.tolist() == [-1] * 5 and never.dtype == np.int64
