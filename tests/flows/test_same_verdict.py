@@ -1,9 +1,10 @@
-"""One supervisor, one detector: one job spec run through the `rlhf-job` flow, a platform round and a sweep trial,
-gated by the real EvalStop detector (k = 2, no stub), gets the same verdict at the same step.
+"""One supervisor, one detector: one job spec run through the `rlhf-job` flow, a platform round, a sweep trial and
+`rlhfops train --detector`, gated by the real EvalStop detector (k = 2, no stub), gets the same verdict at the same
+step.
 
 The oracle is the job's own record, read by the test: the held-out gate scores in the run directory's
 `metrics.csv`, on which EvalStop's rule (stop at the second consecutive decline) is re-applied here by hand; every
-entry point must stop at that step. The three trainings share one config (the platform round's small job, chunk-size
+entry point must stop at that step. The four trainings share one config (the platform round's small job, chunk-size
 tuning off so the overlap does not depend on timing), seed and warm start."""
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ def second_consecutive_decline(metrics_csv) -> int | None:
 
 @pytest.mark.slow
 def test_one_job_spec_gets_the_same_verdict_at_the_same_step_everywhere(prefect_server, mlflow_store, tmp_path,
-                                                                         warm_start_cache):
+                                                                         warm_start_cache, capsys, monkeypatch):
+    import yaml
+
+    from common.validate import set_dotted
     from flows.params import platform_job_config
     from flows.platform_round import platform_round
     from flows.rlhf_job import rlhf_job
@@ -72,3 +76,31 @@ def test_one_job_spec_gets_the_same_verdict_at_the_same_step_everywhere(prefect_
     summary = SweepRunner(spec, ledger=ledger, report=False).run()
     (trial,) = summary["trials"]
     assert trial["state"] == "pruned" and trial["pruned_at"] == expected, trial
+
+    # `rlhfops train` of the same config (the overrides written into its YAML), the detector named on the command line
+    from cli_helpers import run_cli_output
+
+    raw = json.loads(json.dumps(base))
+    for key, value in overrides.items():
+        set_dotted(raw, key, value)
+    (tmp_path / "same.yaml").write_text(yaml.safe_dump(raw))
+    code, out, err = run_cli_output(["train", tmp_path / "same.yaml", "--steps", steps, "--overlap", "full",
+                                     "--detector", "evalstop", "--out", tmp_path / "train"], capsys, monkeypatch)
+    assert code == 0, err
+    trained = json.loads((tmp_path / "train" / JOB_DONE).read_text())
+    assert trained["state"].startswith("PAUSED_BY_GATE") and trained["paused_step"] == expected, trained
+    assert trained["evidence"]["detector"] == "evalstop" and trained["evidence"]["params"] == {"k": 2}
+    assert second_consecutive_decline(tmp_path / "train" / "metrics.csv") == expected
+    assert f"paused at step {expected} by the eval gate" in " ".join(out.split())
+
+
+def test_train_refuses_an_unknown_detector_naming_the_option(tmp_path, capsys, monkeypatch):
+    from cli_helpers import run_cli, tripwire
+
+    import training.trainer
+
+    monkeypatch.setattr(training.trainer, "Trainer", tripwire)
+    code, err = run_cli(["train", "configs/ppo-tiny.yaml", "--detector", "nope", "--out", tmp_path / "t"], capsys,
+                        monkeypatch)
+    assert code == 2 and "--detector: 'nope' is not one of" in err[-1] and "paired" in err[-1], err
+    assert not (tmp_path / "t").exists()
