@@ -54,6 +54,19 @@ class RoundContext:
     round_start: float
 
 
+def warm_starts(cfgs: list[Any]) -> None:
+    """Build (or load) each job's base policy and proxy reward model here, one job after another, before the jobs'
+    threads start. Building one seeds torch's global generator and draws the initial weights from it; two jobs
+    building the same warm start at once in two threads would interleave those draws, and each would train from a
+    base that depends on thread timing (the first round on a clean cache). Cached ones are only loaded."""
+    from training.models import base_policy, make_tokenizer, proxy_reward_model
+
+    for cfg in cfgs:
+        tok = make_tokenizer(cfg.policy.model_name_or_path)
+        base_policy(cfg, tok)
+        proxy_reward_model(cfg, tok)
+
+
 @task(name="platform-job", task_run_name="job {request.tenant}/{request.name}", cache_policy=NO_CACHE)
 def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, paused: Any = None) -> dict:
     """One tenant job on its slots (`training.lifecycle.run_job`): worker start, supervised training, the
@@ -72,8 +85,10 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
     with clock.span("tracking"):
         run_id, _ = T.open_run(f"{rc.flow_run_id}/{job}", job, rc.mlflow_experiment, rc.parent_run_id,
                                tags={T.KIND_TAG: "platform_job", T.TENANT_TAG: tenant})
-    jspec, sup = build(request, checked, run_id=run_id, ledger=rc.ledger, resume=paused)
-    if hasattr(observe, "attach"):  # the round reads this supervisor's verdicts; its detector is the job's gate
+    # the round's scheduler rule is the job's gate, fitted to its planned looks by the one builder
+    jspec, sup = build(request, checked, run_id=run_id, ledger=rc.ledger, resume=paused,
+                       gate=getattr(observe, "gate_detector", None))
+    if hasattr(observe, "attach"):  # the round reads this supervisor's verdicts
         observe.attach(sup)
     started = time.time()
     outcome = run_job(jspec, observe, hooks=PrefectJobHooks(run_id, rc.slots, rc.retry_delay_s), supervisor=sup)
@@ -171,6 +186,7 @@ def platform_round(
                           parent_run_id=run.run_id, ledger=Ledger(prices), slots=gpu_slots(slots, slot_limit),
                           retry_delay_s=retry_delay_s, round_start=time.time())
         live = LiveRound(policy, views, [r.gpus for r in requests], slots)
+        warm_starts(cfgs)
         progress.reporter.stage(f"platform round: {len(requests)} jobs on {slots} slots ({scheduler})",
                                 total=len(requests))
         running, rows = {}, []

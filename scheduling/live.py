@@ -151,6 +151,11 @@ class JobObserver:
     def attach(self, supervisor: Any) -> None:
         self.live.supervise(self.i, supervisor)
 
+    @property
+    def gate_detector(self) -> Any:
+        """The round's gate detector, for the job's supervisor to be built with (`training.request.build(gate=...)`)."""
+        return self.live.gate_detector
+
     def verdict(self) -> dict[str, Any]:
         return self.live.verdict(self.i)
 

@@ -188,19 +188,40 @@ def checkpoints(out_dir: Path | None) -> list[str]:
     return [str(p) for p in sorted((out_dir / "checkpoints").glob("step-*"))] if out_dir else []
 
 
+def planned_gate(detector: Any, spec: JobSpec) -> Any:
+    """The gate detector as this job runs it: a rule that spends its error budget over a planned number of looks
+    (a `horizon` attribute, 0 = not known: the paired rule) gets the job's own, fixed before any score: its
+    checkpoints (`steps // eval_every`) less those never judged (the first, or the warm-up), on a copy (the detector
+    given may be shared by a round's jobs). Any other detector is returned as it is."""
+    import copy
+
+    every = int(getattr(spec.config, "eval_every", 0) or 0)
+    if detector is None or getattr(detector, "horizon", None) != 0 or every <= 0:
+        return detector
+    looks = spec.steps // every - max(1, int(getattr(detector, "warmup", 0)))
+    if looks < 1:
+        return detector
+    fitted = copy.copy(detector)
+    fitted.horizon = looks
+    return fitted
+
+
 def make_supervisor(spec: JobSpec, ledger: Any = None, metrics: Any = None, run_id: str | None = None,
-                    catalog: Any = None):
+                    catalog: Any = None, gate: Any = None):
     """The job's `eval.supervisor.RunSupervisor`, the one place one is made: the alert catalog (`catalog`, default
-    the file `spec.alerts` with `spec.alert_profile`), the gate detector (`spec.detector`), the planned steps
-    (`spec.steps`: the gate's short-run phase needs them), the ledger and metrics to charge. A job asked for as a
-    `training.request.JobRequest` gets its spec and supervisor from `training.request.build`."""
+    the file `spec.alerts` with `spec.alert_profile`), the gate detector (`gate`, a detector object such as a
+    platform round's early-stop rule, else the one `spec.detector` names; `planned_gate` fits it to the job's planned
+    looks), the planned steps (`spec.steps`: the gate's short-run phase needs them), the ledger and metrics to charge.
+    A job asked for as a `training.request.JobRequest` gets its spec and supervisor from `training.request.build`."""
     from eval.detectors import make_detector
     from eval.health import Catalog
     from eval.supervisor import RunSupervisor
 
     if catalog is None:
         catalog = Catalog.from_file(spec.alerts, algorithm="ppo", profile=spec.alert_profile)
-    gate = make_detector(spec.detector) if spec.detector else None
+    if gate is None and spec.detector:
+        gate = make_detector(spec.detector)
+    gate = planned_gate(gate, spec)
     return RunSupervisor(run_id or spec.run_id or spec.job, spec.tenant, catalog.start(tenant=spec.tenant),
                          gate_detector=gate, ledger=ledger, metrics=metrics, gpu_kind=spec.gpu_kind, n_gpus=spec.gpus,
                          planned_steps=spec.steps)

@@ -306,11 +306,14 @@ def describe(err: ValidationError, source: str = "") -> str:
 
 
 def build(request: JobRequest, checked: CheckedJob | None = None, *, run_id: str = "", ledger: Any = None,
-          metrics: Any = None, pausable: bool = True, resume: Any = None, run_through_pause: bool = False):
+          metrics: Any = None, pausable: bool = True, resume: Any = None, run_through_pause: bool = False,
+          gate: Any = None):
     """The job's `training.lifecycle.JobSpec` and its `eval.supervisor.RunSupervisor` (alert catalog, gate
     detector, planned steps, ledger and metrics to charge) from a request and its `checked()` result (checked here
-    when not given). `pausable`: a stop pauses the run (PAUSED_BY_GATE, resumable; the live paths) rather than
-    ending it; `run_through_pause`: train on past a pause (`rlhfops train` runs every step it was asked for).
+    when not given). `gate`: the detector object that gates the job instead of the one `request.detector` names (a
+    platform round's scheduler rule, so that the round and its jobs decide with one detector). `pausable`: a stop
+    pauses the run (PAUSED_BY_GATE, resumable; the live paths) rather than ending it; `run_through_pause`: train on
+    past a pause (`rlhfops train` without a detector runs every step it was asked for).
     `resume`: the `PausedRun` to continue (default: the one a `resume_paused` request found)."""
     from training.lifecycle import JobSpec, make_supervisor
 
@@ -320,4 +323,4 @@ def build(request: JobRequest, checked: CheckedJob | None = None, *, run_id: str
                    detector=request.detector, alerts=request.alerts, alert_profile=request.alert_profile,
                    pausable=pausable, resume=resume if resume is not None else checked.paused,
                    run_through_pause=run_through_pause)
-    return spec, make_supervisor(spec, ledger=ledger, metrics=metrics, catalog=checked.catalog)
+    return spec, make_supervisor(spec, ledger=ledger, metrics=metrics, catalog=checked.catalog, gate=gate)
