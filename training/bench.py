@@ -141,6 +141,17 @@ def _load() -> float:
     return float(os.getloadavg()[0])
 
 
+def _scheduling() -> dict:
+    """What the load average does not say: this process's nice value, and whether the kernel groups processes by
+    session (autogroup), in which case nice values only order processes within one session and a niced process in
+    another session still takes an equal share of the CPU."""
+    try:
+        autogroup = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        autogroup = None
+    return {"nice": os.getpriority(os.PRIO_PROCESS, 0), "autogroup": autogroup}
+
+
 def bench_oppo(cfg: TrainConfig, steps: int, smooth: int = 8, target_frac: float = 0.7, progress=None,
                seeds: tuple[int, ...] | None = None, gate_every: int = 5,
                variants: tuple[Variant, ...] = DEFAULT_VARIANTS, slow_intra_s: float = 0.0) -> dict:
@@ -148,7 +159,7 @@ def bench_oppo(cfg: TrainConfig, steps: int, smooth: int = 8, target_frac: float
     The first variant is the reference every ratio is taken against. `slow_intra_s` > 0 slows the "intra"
     variant's decoding by that many seconds per chunk (only to demonstrate the regression check)."""
     seeds = tuple(seeds) if seeds else (cfg.seed,)
-    load = {"before_1m": _load(), "samples_1m": []}
+    load = {"before_1m": _load(), "samples_1m": [], **_scheduling()}
     runs: list[_Run] = []
     for seed in seeds:
         for v in variants:

@@ -109,6 +109,10 @@ def register_bench(bench_app: typer.Typer) -> None:
         console.print(f"load average (1 min) while it ran: before {ld['before_1m']:.2f}, after {ld['after_1m']:.2f}, "
                       f"min {ld['min_1m']:.2f}, max {ld['max_1m']:.2f}, mean {ld['mean_1m']:.2f} on {ld['cpus']} CPUs; "
                       f"bench wall {result['bench_wall_s']:.0f} s")
+        if "nice" in ld:
+            group = {True: "on: nice orders processes only within a session",
+                     False: "off: nice orders every process", None: "unknown"}[ld.get("autogroup")]
+            console.print(f"this process ran at nice {ld['nice']}; kernel autogroup {group}")
         for label, g in result["final_gold_gap"].items():
             se = f" ± {g['se']:.3f}" if g["se"] is not None else ""
             console.print(f"final held-out gold {label} - {ref}: {g['mean']:+.3f}{se} (paired by seed)")

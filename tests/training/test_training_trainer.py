@@ -3,6 +3,7 @@ trace export, CLI bad input."""
 
 import csv
 import math
+import os
 
 import pytest
 import yaml
@@ -153,6 +154,8 @@ def test_bench_reports_every_mode_and_ratio(cache, tmp_path):
     assert res["modes"]["intra"]["reward_curve"] == pytest.approx(res["modes"]["none"]["reward_curve"], abs=1e-4)
     assert set(res["speedup"]) == {"intra", "inter", "full"}
     assert 0 <= res["workload"]["frac_ge_4x_median"] <= 1
+    # the priority it ran at is the one this process has (a load average alone does not say what the bench got)
+    assert res["load"]["nice"] == os.getpriority(os.PRIO_PROCESS, 0)
     plot_bench(res, tmp_path / "b.png")
     assert (tmp_path / "b.png").stat().st_size > 0
 
