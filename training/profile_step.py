@@ -46,6 +46,10 @@ def run(mode: str, steps: int, warmup: int = 3, config: str = "configs/ppo-bench
         trainer.train_step()
 
 
+#: main-thread samples outside `Trainer.train_step` (imports, building the models, stacks py-spy could not read)
+OUTSIDE = "outside the steps"
+
+
 def _activity(frames: list[str]) -> str:
     for frame in reversed(frames):
         for name, pattern in ACTIVITIES:
@@ -63,14 +67,21 @@ def _read(path: Path) -> dict[tuple[str, str], int]:
             continue
         head, *frames = stack.split(";")
         thread = "scorer thread" if head.endswith("oppo-scorer") else "main thread"
-        out[thread, _activity(frames)] += int(count)
+        in_step = thread == "scorer thread" or any(f.startswith("Trainer.train_step ") for f in frames)
+        out[thread, _activity(frames) if in_step else OUTSIDE] += int(count)
     return dict(out)
 
 
 def summarise(all_samples: Path, gil_samples: Path) -> str:
-    """A markdown table: per thread and activity, its share of that thread's samples (`--idle` run) and the share
-    of all GIL samples it accounts for (`--gil` run)."""
+    """A markdown table over the samples taken inside training steps: per thread and activity, its share of that
+    thread's samples (`--idle` run: every thread, running or waiting) and its share of the GIL-holding samples
+    (`--gil` run: only the thread that holds the GIL is sampled)."""
+    for path in (all_samples, gil_samples):
+        if not path.is_file():
+            raise SystemExit(f"error: {path}: no such file (write it with py-spy record --format raw -o {path})")
     every, gil = _read(all_samples), _read(gil_samples)
+    every = {k: n for k, n in every.items() if k[1] != OUTSIDE}
+    gil = {k: n for k, n in gil.items() if k[1] != OUTSIDE}
     per_thread: dict[str, int] = defaultdict(int)
     for (thread, _), n in every.items():
         per_thread[thread] += n
@@ -82,9 +93,8 @@ def summarise(all_samples: Path, gil_samples: Path) -> str:
         share = every.get(key, 0) / (per_thread[thread] or 1)
         rows.append(f"| {thread} | {activity} | {100 * share:.1f}% | {100 * gil.get(key, 0) / gil_total:.1f}% |")
     main_total = per_thread.get("main thread", 0) or 1
-    held = sum(n for (t, _), n in gil.items())
     rows.append("")
-    rows.append(f"GIL-holding samples / main-thread samples: {held / main_total:.2f} "
+    rows.append(f"GIL-holding samples / main-thread samples, inside the steps: {sum(gil.values()) / main_total:.2f} "
                 "(near 1.0: one thread at a time ran Python, whatever the core count)")
     return "\n".join(rows)
 

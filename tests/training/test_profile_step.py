@@ -12,11 +12,14 @@ ALL = f"""\
 {M};Trainer._ppo_update (trainer.py:9);backward (_tensor.py:10) 30
 {S};IncrementalScorer.extend (engine.py:3);IncrementalScorer._forward (engine.py:4) 25
 {S};Queue.get (queue.py:3);Condition.wait (threading.py:4) 75
+thread (11): MainThread;<module> (profile_step.py:1);Trainer.__init__ (trainer.py:20) 40
+thread (11): MainThread 7
 """
 GIL = f"""\
 {M};rollout (rollout.py:3);TransformersEngine.decode (engine.py:4) 45
 {M};Trainer._ppo_update (trainer.py:9) 30
 {S};IncrementalScorer.extend (engine.py:3) 25
+thread (21): MainThread;<module> (profile_step.py:1);Trainer.__init__ (trainer.py:20) 33
 """
 
 
@@ -33,5 +36,7 @@ def test_summary_shares_by_thread_and_activity(tmp_path):
     # scorer thread: 25 scoring, 75 waiting on its queue of 100
     assert rows["scorer thread", "scoring (ref, critic, reward prefill)"].endswith("| 25.0% | 25.0% |")
     assert rows["scorer thread", "waiting (scorer queue, join)"].endswith("| 75.0% | 0.0% |")
-    # GIL-holding samples 100 over main-thread samples 100
-    assert "GIL-holding samples / main-thread samples: 1.00" in table
+    # setup outside the steps (40 + 7 samples, 33 in the GIL run) is left out of every share
+    assert "Trainer.__init__" not in table and "outside" not in table
+    # GIL-holding samples 100 over main-thread samples 100, both inside the steps
+    assert "GIL-holding samples / main-thread samples, inside the steps: 1.00" in table
