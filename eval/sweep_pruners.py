@@ -10,14 +10,17 @@
   the platform's default detector).
 
 Each pruner has a `name` (what a stop reason names) and `reason(study, trial)` (the evidence behind a prune, as a
-tenant reads it). No Prefect, MLflow or CLI.
+tenant reads it). `replay` runs a pruner over a recorded unpruned sweep (what `rlhfops bench sweep-replay` reports).
+No Prefect, MLflow or CLI.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.pruners import BasePruner
 
@@ -79,3 +82,69 @@ def stop_reason(pruner: Any, study: optuna.Study, trial: Any, step: int) -> str:
         return f"{text}: {explain(study, frozen)}"
     except Exception:  # noqa: BLE001 - the evidence is a courtesy; the prune itself already happened
         return text
+
+
+@dataclass(frozen=True)
+class RecordedTrial:
+    """One trial of an unpruned sweep as recorded (one seed): its number, its checkpoints' per-prompt held-out
+    scores in step order, and each step's GPU-seconds."""
+
+    number: int
+    checkpoints: list[tuple[int, dict[str, float]]]
+    step_seconds: dict[int, float] = field(default_factory=dict)
+
+
+def replay(trials: list[RecordedTrial], pruner: BasePruner, slots: int = 1) -> dict[str, Any]:
+    """What `pruner` would have done to a recorded unpruned sweep: the trials start in number order on `slots` slots,
+    time runs on the recorded GPU-seconds of each step, each checkpoint is reported to a fresh in-memory study
+    (`report_checkpoint`, keeping the highest score as sweep trials do) and the pruner is asked, as the sweep runner
+    asks it. Training is deterministic, so a pruned trial's checkpoints are the first ones of its recorded run.
+    Returns steps trained, GPU-seconds, trials pruned, the best kept score and trial, and each trial's outcome."""
+    from optuna.trial import TrialState
+
+    from eval.optuna_pruner import best_value, report_checkpoint
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", pruner=pruner)
+    queue = sorted(trials, key=lambda t: t.number)
+    running: dict[int, dict[str, Any]] = {}
+    out: dict[int, dict[str, Any]] = {}
+
+    def cost(t: RecordedTrial, a: int, b: int) -> float:  # GPU-seconds of steps a+1..b
+        return sum(t.step_seconds.get(s, 0.0) for s in range(a + 1, b + 1))
+
+    def start(now: float) -> None:
+        while queue and len(running) < slots:
+            t = queue.pop(0)
+            running[t.number] = {"rec": t, "trial": study.ask(), "k": 0, "step": 0, "time": now}
+
+    start(0.0)
+    while running:
+        def next_time(r: dict[str, Any]) -> float:
+            return r["time"] + cost(r["rec"], r["step"], r["rec"].checkpoints[r["k"]][0])
+
+        number = min(running, key=lambda n: (next_time(running[n]), n))
+        r = running[number]
+        rec, now = r["rec"], next_time(r)
+        step, scores = rec.checkpoints[r["k"]]
+        r.update(time=now, step=step, k=r["k"] + 1)
+        mean = float(np.mean(list(scores.values())))
+        report_checkpoint(r["trial"], step, mean, prompts=scores, planned_checkpoints=len(rec.checkpoints),
+                          keep="highest")
+        last = r["k"] >= len(rec.checkpoints)
+        pruned = not last and pruner.prune(study, study._storage.get_trial(r["trial"]._trial_id))
+        if pruned or last:
+            kept = best_value(r["trial"])
+            if pruned:
+                study.tell(r["trial"], state=TrialState.PRUNED)
+            else:
+                study.tell(r["trial"], kept)
+            out[number] = {"steps": step, "kept": kept, "pruned": pruned, "gpu_seconds": cost(rec, 0, step)}
+            del running[number]
+            start(now)
+    best = max(out, key=lambda n: (out[n]["kept"], -n)) if out else None
+    return {"steps_trained": sum(o["steps"] for o in out.values()),
+            "gpu_seconds": sum(o["gpu_seconds"] for o in out.values()),
+            "trials_pruned": sum(o["pruned"] for o in out.values()),
+            "best_score": out[best]["kept"] if best is not None else float("nan"), "best_trial": best,
+            "per_trial": out}

@@ -114,7 +114,72 @@ def acceptance(runs: dict[str, dict]) -> dict[str, bool]:
     return out
 
 
+def recorded_trials(run_dir: Path) -> list:
+    """The trials of an unpruned sweep's run directory (`trial-NNNN/seed-0/`: `gate_records.csv` and `metrics.csv`)
+    as `eval.sweep_pruners.RecordedTrial`s (BadInput when there are none, or a trial has several seeds)."""
+    from eval.sweep_pruners import RecordedTrial
+    from training.gate import GATE_RECORDS, read_records
+
+    costs = step_costs(run_dir)
+    out = []
+    for d in sorted(Path(run_dir).glob("trial-*")):
+        if sorted(p.name for p in d.glob("seed-*")) != ["seed-0"]:
+            raise BadInput(f"run-dir: {d} does not hold exactly one seed (seed-0): replay takes one-seed trials")
+        number = int(d.name.split("-")[1])
+        path = d / "seed-0" / GATE_RECORDS
+        if not path.is_file():
+            raise BadInput(f"run-dir: {path} is missing (replay needs each trial's gate records)")
+        ckpts: dict[int, dict[str, float]] = {}
+        for r in read_records(path):
+            ckpts.setdefault(int(r["step"]), {})[str(r["prompt_id"])] = float(r["gold_score"])
+        out.append(RecordedTrial(number, sorted(ckpts.items()),
+                                 {s: c for (t, seed, s), c in costs.items() if t == number and seed == 0}))
+    if not out:
+        raise BadInput(f"run-dir: no trial-NNNN/seed-0 directories under {run_dir} (give an unpruned sweep's out_dir)")
+    return out
+
+
 def register_bench(bench_app: typer.Typer) -> None:
+    @bench_app.command("sweep-replay")
+    def bench_sweep_replay_cmd(
+        run_dir: Path = typer.Option(..., "--run-dir", help="an unpruned sweep's out_dir (or bench sweep's "
+                                                              "<work>/unpruned)"),
+        spec: Path = typer.Option(Path("configs/sweeps/example.yaml"), "--spec",
+                                  help="the spec whose slots and incumbent-pruner params to use"),
+        out: Path = typer.Option(None, "--out", help="write the JSON here"),
+    ) -> None:
+        """Replay a recorded unpruned sweep under the incumbent pruner, Median and Wilcoxon (no training): PPO steps
+        and GPU-seconds (at the recorded prices) saved, and the best kept score, for each."""
+        import json
+
+        from common.validate import check_out_file
+        from eval.sweep_pruners import make_pruner, replay
+        from rlhfops.console import make_console
+        from tasks.sweep import prepare
+
+        check_out_file(out, "out")
+        base, _ = prepare(spec, None)
+        trials = recorded_trials(run_dir)
+        console = make_console()
+        params = dict(base.pruning.params) if base.pruning.detector == "incumbent" else {}
+        result = {"run_dir": str(run_dir), "spec": str(spec), "slots": base.parallel_trials}
+        for label, name in VARIANTS.items():
+            r = replay(trials, make_pruner(name or "none", params if name == "incumbent" else {}), base.parallel_trials)
+            result[label] = {k: v for k, v in r.items() if k != "per_trial"}
+            result[label]["per_trial"] = {str(n): v for n, v in r["per_trial"].items()}
+        u = result["unpruned"]
+        for label in VARIANTS:
+            r = result[label]
+            r["steps_saved_frac"] = 1 - r["steps_trained"] / u["steps_trained"]
+            r["gpu_seconds_saved_frac"] = 1 - r["gpu_seconds"] / u["gpu_seconds"] if u["gpu_seconds"] else math.nan
+            console.print(f"{label:>9}: PPO steps {r['steps_trained']} ({r['steps_saved_frac']:.1%} saved), GPU-s "
+                          f"{r['gpu_seconds']:.1f} ({r['gpu_seconds_saved_frac']:.1%} saved), {r['trials_pruned']} "
+                          f"pruned, best {r['best_score']:+.4f} (trial {r['best_trial']})")
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+
     @bench_app.command("sweep")
     def bench_sweep_cmd(
         spec: Path = typer.Option(Path("configs/sweeps/example.yaml"), "--spec",

@@ -69,21 +69,41 @@ def boundary_rate(reps: int, seed: int, *, finished: int = 3, margin: float = 0.
     return pruned / reps
 
 
+def same_speed_rate(reps: int, seed: int, *, margin: float = 0.0, finished: int = 3, **kw) -> float:
+    """As `boundary_rate`, but every trial climbs the same amount at the same speed from its own level (the levels
+    differ), so the challenger improves exactly as fast as its history: the condition under which alpha is a bound.
+    Its true curve ends at the reference's recorded mean + `margin`."""
+    rng = np.random.default_rng(seed)
+    pruned = 0
+    for _ in range(reps):
+        difficulty = rng.normal(0.0, 0.6, N_PROMPTS)
+        tau = rng.uniform(4, 16)
+        shape = rise(0.5, tau) - 0.5  # climbs 0.9, ending at 0
+        history = [simulate(rng, difficulty, shape + rng.uniform(0.2, 0.6)) for _ in range(finished)]
+        reference = max((c for h in history for c in h), key=lambda c: mean_of(c[1]))[1]
+        target = mean_of(reference) - float(np.mean(difficulty)) + margin
+        trial = simulate(rng, difficulty, shape + target)
+        pruned += first_prune(trial, reference, history, margin=margin, planned=len(STEPS), **kw) is not None
+    return pruned / reps
+
+
 def binomial_ceiling(reps: int, p: float) -> float:
     """The largest rate a true rate p gives in `reps` trials, but with probability 0.001."""
     return stats.binom.ppf(0.999, reps, p) / reps
 
 
 def test_a_trial_that_would_reach_the_reference_is_pruned_at_most_alpha_of_the_time():
-    # measured on 2,000 runs: 0.6% (the bound is loose: the allowance is the largest of 3 noisy improvements)
-    reps = 400
+    # speeds drawn like the history's: measured on 2,000 runs, 2.5% at alpha 5% (window 3) and 0.25% (window 1)
+    reps = 250
     assert boundary_rate(reps, seed=1) <= binomial_ceiling(reps, ALPHA)
+    assert boundary_rate(150, seed=3, window=1) <= binomial_ceiling(150, ALPHA)
 
 
-def test_with_a_margin_and_with_one_checkpoint_per_present_the_rate_stays_within_alpha():
-    reps = 300
-    assert boundary_rate(reps, seed=2, margin=0.1) <= binomial_ceiling(reps, ALPHA)
-    assert boundary_rate(reps, seed=3, window=1) <= binomial_ceiling(reps, ALPHA)
+@pytest.mark.parametrize("margin", [0.0, 0.2])
+def test_a_trial_improving_as_fast_as_its_history_is_pruned_at_most_alpha_of_the_time_at_any_margin(margin):
+    # the condition alpha needs holds by construction: measured on 1,000 runs (see docs/sweeps.md)
+    reps = 200
+    assert same_speed_rate(reps, seed=10 + int(10 * margin), margin=margin) <= binomial_ceiling(reps, ALPHA)
 
 
 def test_without_the_allowance_the_bound_alone_does_not_hold():
