@@ -440,3 +440,55 @@ def plot_bench(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def markdown_table(result: dict) -> str:
+    """The bench's result as the markdown table docs/oppo.md shows: per variant, mean +/- SE over seeds of the
+    times to the gold and proxy targets, the per-seed ratios (median [min-max]), final held-out gold and its paired
+    gap to the reference, tokens, the importance weights' ESS and the stale share of trained tokens."""
+    ref = result["reference"]
+    ratios = result["ratios"]
+
+    def pm(m: dict, key: str, fmt: str) -> str:
+        v, se, reached = m.get(key), m.get(f"{key}_se"), m.get(f"{key}_reached", m.get("n_seeds"))
+        if v is None:
+            return "not reached"
+        out = format(v, fmt) + (f" ± {format(se, fmt)}" if se is not None else "")
+        return out + (f" ({reached}/{m['n_seeds']} seeds)" if reached != m["n_seeds"] else "")
+
+    def ratio(kind: str, label: str) -> str:
+        if label == ref:
+            return "1.00x"
+        r = ratios[kind][label]
+        return f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]"
+
+    rows = ["| variant | time to gold target s | speedup (gold) | time to proxy target s | speedup (proxy) | "
+            "step-time speedup | final held-out gold | gold - sequential (paired) | tokens generated | "
+            "tokens trained | ESS mean / min | stale tokens |",
+            "|" + "---|" * 12]
+    for v in result["variants"]:
+        label, m = v["label"], result["modes"][v["label"]]
+        gap = result["final_gold_gap"].get(label)
+        gap_s = "-" if gap is None else f"{gap['mean']:+.3f} ± {gap['se']:.3f}"
+        rows.append(
+            f"| {label} | {pm(m, 'time_to_gold_s', '.1f')} | {ratio('speedup_gold', label)} | "
+            f"{pm(m, 'time_to_reward_s', '.1f')} | {ratio('speedup', label)} | {ratio('step_time_speedup', label)} | "
+            f"{pm(m, 'final_gold_heldout', '.3f')} | {gap_s} | {m['tokens_generated']:.0f} ± "
+            f"{m['tokens_generated_se']:.0f} | {m['tokens_trained']:.0f} ± {m['tokens_trained_se']:.0f} | "
+            f"{m['is_ess_mean']:.3f} / {m['is_ess_min']:.2f} | {m['stale_frac']:.3f} |")
+    ld = result["load"]
+    nice = f", this process at nice {ld['nice']}, autogroup {'on' if ld.get('autogroup') else 'off'}" \
+        if "nice" in ld else ""
+    rows.append("")
+    rows.append(f"{result['steps']} steps, seeds {result['seeds']}, gate every {result['gate_every']} steps; load "
+                f"average (1 min) {ld['min_1m']:.1f}-{ld['max_1m']:.1f} (mean {ld['mean_1m']:.1f}) on {ld['cpus']} "
+                f"CPUs{nice}; bench wall {result['bench_wall_s']:.0f} s.")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m training.bench RESULT.json: the markdown table of a saved bench result
+    import json
+    import sys
+
+    for name in sys.argv[1:]:
+        print(markdown_table(json.loads(Path(name).read_text())))
