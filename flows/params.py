@@ -36,10 +36,13 @@ CanaryName = Literal["control", "frozen_sync", "constant_reward", "oversized_lr"
                      "behaviour_mismatch", "duplicated_carry"]
 
 
-#: the default round: five tenants, one job each; two are set up to over-optimise the proxy reward
+#: the default round: five tenants, one job each; two are set up to over-optimise the proxy reward. The gameable
+#: job's bonus (1.5 per trigger character from step 2) makes its held-out score fall fast enough after its peak for
+#: the gate to see it before its KL passes the health catalog's ceiling (with 1.0 both came at step 18, and the
+#: paging alert ended it FAILED: docs/orchestration.md)
 DEFAULT_JOBS: list[dict[str, Any]] = [
     {"tenant": "acme", "name": "healthy-kl", "overrides": {"ppo.kl_coef": 0.2}},
-    {"tenant": "globex", "name": "gameable", "overrides": {"fault.kind": "gameable_reward", "fault.bonus": 1.0,
+    {"tenant": "globex", "name": "gameable", "overrides": {"fault.kind": "gameable_reward", "fault.bonus": 1.5,
                                                             "fault.at_step": 2}},
     {"tenant": "initech", "name": "healthy", "overrides": {}},
     {"tenant": "umbrella", "name": "weak-kl", "overrides": {"ppo.kl_coef": 0.0, "ppo.actor_lr": 1e-3}},
@@ -68,14 +71,17 @@ class RoundJob(BaseModel):
 
 def platform_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
     """The canaries' small PPO job (training/canaries.py) with a gate and a checkpoint every 2 steps; one torch
-    thread per job so concurrent jobs share the cores instead of oversubscribing them. The gate is sized for the
-    paired rule to decide: 32 held-out prompts per checkpoint (scored with the run's fixed sampling seed), and when a
-    decision is close up to 64 more from a pool of 96, 16 at a time (`eval_extra_budget`)."""
+    thread per job so concurrent jobs share the cores instead of oversubscribing them, and a fixed chunk size (the
+    chunk tuner picks by wall time, which would make a job's numbers depend on the machine's load). The gate is
+    sized for the paired rule to decide: 64 held-out prompts per checkpoint (scored with the run's fixed sampling
+    seed), and for a close decision the pool's other 32 for both checkpoints, up to 128 extra prompt evaluations
+    per run (`eval_extra_budget`); each job's paired rule spends its alpha over its own planned checkpoints
+    (`training.lifecycle.planned_gate`)."""
     from training.canaries import base_config
 
     raw = base_config(steps, 0, cache_dir)
-    raw.update(name="platform-ppo", eval_every=2, checkpoint_every=2, eval_prompts=32, eval_extra_batch=16,
-               eval_extra_budget=64)
+    raw.update(name="platform-ppo", eval_every=2, checkpoint_every=2, eval_prompts=64, eval_extra_batch=32,
+               eval_extra_budget=128)
     raw["task"]["n_heldout_prompts"] = 96
     raw["oppo"] = {"torch_threads": 1, "tune_chunk": False}
     return raw

@@ -183,7 +183,8 @@ def evidence_of(detector: Any, monitor: Any) -> dict[str, Any]:
 
 def describe_evidence(evidence: Mapping[str, Any] | None) -> str:
     """One line for a pause's evidence (`evidence_of`), what a tenant reads: for the paired rule the comparison that
-    fired (`step 16 is 0.378 below step 12 on 96 paired prompts, bound -0.043 < -margin 0 (level 2.2e-04)`), else the
+    fired (`step 16 is 0.378 below step 12 on 96 paired prompts, upper bound -0.043 below -margin (0) at level
+    2.2e-04; paired keeps step 12`), else the
     detector and its parameters."""
     if not evidence:
         return "none recorded"
@@ -192,7 +193,7 @@ def describe_evidence(evidence: Mapping[str, Any] | None) -> str:
         margin = float((evidence.get("params") or {}).get("margin", 0.0))
         c = min(comparisons, key=lambda c: c["upper"])
         return (f"step {c['step']:g} is {-c['mean_diff']:.3f} below step {c['reference_step']:g} on {c['prompts']} "
-                f"paired prompts, upper bound {c['upper']:+.3f} < -margin {-margin:g} (level {c['alpha']:.1e}); "
+                f"paired prompts, upper bound {c['upper']:+.3f} below -margin ({margin:g}) at level {c['alpha']:.1e}; "
                 f"{evidence.get('detector')} keeps step {evidence.get('kept_step', c['reference_step']):g}")
     params = evidence.get("params") or {}
     args = ", ".join(f"{k}={v:g}" if isinstance(v, int | float) else f"{k}={v}" for k, v in params.items())

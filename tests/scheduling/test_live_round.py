@@ -118,8 +118,8 @@ def test_a_pause_is_described_by_its_difference_bound_prompts_and_reference():
                           {"reference_step": 12.0, "step": 16.0, "prompts": 96, "mean_diff": -0.378, "lower": -0.7,
                            "upper": -0.125, "alpha": 2.2e-4}]}
     # the comparison with the lowest upper bound is the one described
-    assert describe_evidence(ev) == ("step 16 is 0.378 below step 12 on 96 paired prompts, upper bound -0.125 < "
-                                     "-margin -0.05 (level 2.2e-04); paired keeps step 12")
+    assert describe_evidence(ev) == ("step 16 is 0.378 below step 12 on 96 paired prompts, upper bound -0.125 below "
+                                     "-margin (0.05) at level 2.2e-04; paired keeps step 12")
     assert describe_evidence({"detector": "evalstop", "params": {"k": 2}}) == "evalstop(k=2) said stop"
     assert describe_evidence(None) == "none recorded"
 
