@@ -445,3 +445,29 @@ def test_gate_evidence_hands_the_gates_prompt_scores_and_an_extension_within_bud
     assert ev["prompts"] == {"1": 0.5, "2": 1.0}
     assert ev["extend"](("2", 4.0)) == ({2: {"3": 0.25}, 4: {"3": 0.75}}, 1.5) and asked == [(2, 4)]
     assert all(type(s) is int for s in asked[0])
+
+
+def test_rewind_drops_and_names_the_checkpoints_after_the_kept_one(tmp_path):
+    from training.lifecycle import rewind_to
+
+    for step in (2, 4, 6):
+        (tmp_path / "checkpoints" / f"step-{step:06d}").mkdir(parents=True)
+    dropped = rewind_to(tmp_path, 2)
+    assert dropped == [str(tmp_path / "checkpoints" / f"step-{s:06d}") for s in (4, 6)]
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-000002"]
+    assert rewind_to(tmp_path, 2) == []
+
+
+def test_a_paused_run_without_a_scored_checkpoint_records_no_kept_step_and_is_not_resumable(tmp_path):
+    """No run directory: nothing is scored, so there is no best checkpoint; its job.json says so and `paused_run`
+    finds nothing to resume."""
+    from training.lifecycle import JOB_DONE, job_record, paused_run, run_job
+
+    out = run_job(_spec(10, pausable=True), lambda step, m: "declining" if step == 4 else None,
+                  hooks=_hooks(FakeTrainer(), []))
+    assert out.best is None and out.scores == []
+    record = job_record(out)
+    assert record == {"run_id": "r1", "state": "PAUSED_BY_GATE(declining)", "paused_step": 4, "reason": "declining",
+                      "best_step": None}
+    (tmp_path / JOB_DONE).write_text(json.dumps(record))
+    assert paused_run(tmp_path) is None
