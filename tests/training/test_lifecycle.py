@@ -471,3 +471,13 @@ def test_a_paused_run_without_a_scored_checkpoint_records_no_kept_step_and_is_no
                       "best_step": None}
     (tmp_path / JOB_DONE).write_text(json.dumps(record))
     assert paused_run(tmp_path) is None
+
+
+def test_a_paused_runs_job_json_without_its_run_reason_or_step_reads_back_empty(tmp_path):
+    from training.lifecycle import JOB_DONE, PausedRun, paused_run
+
+    (tmp_path / JOB_DONE).write_text(json.dumps({"state": "PAUSED_BY_GATE(x)", "best_step": 2.0}))
+    assert paused_run(tmp_path) == PausedRun(run_id="", paused_step=None, reason="", best_step=2)
+    assert type(paused_run(tmp_path).best_step) is int
+    (tmp_path / JOB_DONE).write_text(json.dumps({"best_step": 2}))  # no state: not a paused run
+    assert paused_run(tmp_path) is None
