@@ -149,6 +149,11 @@ class Decision:
     reference_step: int | None = None
     reference_score: float = math.nan
 
+    @property
+    def incumbent_step(self) -> int | None:
+        """The reference checkpoint's step (its trial was the incumbent)."""
+        return self.reference_step
+
     def reason(self, margin: float, alpha: float) -> str:
         allow = "none (too little history)" if self.allowance is None else f"{self.allowance:+.4f}"
         return (f"cannot beat the sweep's best checkpoint by {margin:g} (alpha {alpha:g}): at step {self.step}, "
@@ -157,28 +162,39 @@ class Decision:
                 f"allowed {allow}")
 
 
-def decide(trial: Series, reference: PromptScores, others: Sequence[Series], *, alpha: float = 0.05,
+def best_checkpoint(series: Series) -> tuple[int, PromptScores]:
+    """The checkpoint of highest per-prompt mean; ties go to the earlier step (less optimisation pressure)."""
+    return max(series, key=lambda c: (mean_of(c[1]), -c[0]))
+
+
+def decide(trial: Series, reference: PromptScores | Series, others: Sequence[Series] = (), *, alpha: float = 0.05,
            margin: float = 0.0, window: int = 3, n_warmup_steps: int = 0, min_prompts: int = 8,
            min_history: int = 2, planned: int | None = None) -> Decision:
     """The rule on plain data (scores in the higher-is-better direction): `trial` is the trial's checkpoints so far,
-    `reference` the per-prompt scores of the best checkpoint another trial recorded, `others` the other trials'
-    checkpoints (the allowance's history); the decision is at the trial's last checkpoint, its k-th look (k: its
-    checkpoints at steps >= `n_warmup_steps`), at level `look_level(alpha, k, planned)`."""
+    `reference` the per-prompt scores of the best checkpoint another trial recorded (or that trial's checkpoints,
+    whose `best_checkpoint` is then the reference), `others` the other trials' checkpoints (the allowance's history);
+    the decision is at the trial's last checkpoint, its k-th look (k: its checkpoints at steps >= `n_warmup_steps`),
+    at level `look_level(alpha, k, planned)`."""
     nan = math.nan
+    ref_step = None
+    if reference and not isinstance(reference, Mapping):
+        ref_step, reference = best_checkpoint(reference)
+        ref_step = int(ref_step)
     if not trial or not reference:
-        return Decision(False, int(trial[-1][0]) if trial else -1, 0, nan, nan, nan, None, 0)
+        return Decision(False, int(trial[-1][0]) if trial else -1, 0, nan, nan, nan, None, 0, None, ref_step)
     step = int(trial[-1][0])
     looks = sum(1 for s, _ in trial if s >= n_warmup_steps)
     level = look_level(alpha, max(looks, 1), planned)
     d = paired(present(trial, window), reference)
     allow = allowance(others, step, window, min_history)
     if len(d) < min_prompts:
-        return Decision(False, step, looks, level, nan, math.inf, allow, len(d))
+        return Decision(False, step, looks, level, nan, math.inf, allow, len(d), None, ref_step, mean_of(reference))
     upper = upper_bound(d, level)
     # at its last planned checkpoint a trial has nothing left to save: it ends as it is
     last = planned is not None and len(trial) >= planned
     prune = looks >= 1 and step >= n_warmup_steps and not last and allow is not None and upper + allow < margin
-    return Decision(prune, step, looks, level, float(d.mean()), upper, allow, len(d))
+    return Decision(prune, step, looks, level, float(d.mean()), upper, allow, len(d), None, ref_step,
+                    mean_of(reference))
 
 
 class IncumbentPruner(BasePruner):
@@ -255,8 +271,9 @@ class IncumbentPruner(BasePruner):
                 numbers.append(t.number)
         if not others:
             return None
-        ref_i, (ref_step, ref) = max(((i, c) for i, s in enumerate(others) for c in s),
-                                     key=lambda x: (mean_of(x[1][1]), -numbers[x[0]], -x[1][0]))
+        # the best checkpoint of all; ties go to the earlier trial, then the earlier step
+        ref_i, (ref_step, ref) = max(((i, best_checkpoint(s)) for i, s in enumerate(others)),
+                                     key=lambda x: (mean_of(x[1][1]), -numbers[x[0]]))
         planned = trial.user_attrs.get(PLANNED_KEY)
         d = decide(mine, ref, others, alpha=self.alpha, margin=self.margin, window=self.window,
                    n_warmup_steps=self.n_warmup_steps, min_prompts=self.min_prompts, min_history=self.min_history,
