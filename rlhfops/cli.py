@@ -90,7 +90,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("train", "Train a policy with PPO (+ OPPO overlap); writes OUT/metrics.csv, OUT/checkpoints/, "
               "OUT/summary.json."),
     "canary": ("canary", "Run real small PPO jobs with injected faults (frozen weight sync, constant reward, "
-               "oversized LR, gameable reward) plus a healthy control ..."),
+               "oversized LR, gameable reward, behaviour/proximal policy mismatch, carried tokens duplicated) plus a "
+               "healthy control ..."),
     "nightly": ("nightly", "Run the nightly sweep flow locally: E1-E8 simulation matrix, detector comparison, a real "
                 "RLHF job ..."),
     "report": ("report", "Compare tonight's nightly with the previous one: per scheduler ..."),

@@ -50,7 +50,7 @@ def register_bench(bench_app: typer.Typer) -> None:
                                               "decoded chunk (shows the --baseline check flagging a slowed path)"),
     ) -> None:
         """Run the OPPO modes round-robin over seeds; time to proxy and held-out gold targets, final held-out gold,
-        tokens; every ratio as median [min-max] over seeds; the load average while it ran."""
+        tokens; every ratio as its median, min and max over seeds; the load average while it ran."""
         from rich.table import Table
 
         from common.validate import check_out_file
