@@ -10,7 +10,8 @@ from scheduling.workload import JOB_TYPES, Workload
 
 def hand_workload(jobs: list[dict]) -> Workload:
     """Jobs as dicts: arrival, duration, gpus (default 1), est (default the duration), eval_minutes, type, tenant,
-    hacking, and `cps`: per checkpoint (progress, eval, loss) or (progress, eval, loss, noise-free eval)."""
+    hacking, and `cps`: per checkpoint (progress, eval, loss), (progress, eval, loss, noise-free eval) or (progress,
+    eval, loss, noise-free eval, proxy reward); the proxy reward defaults to a rise from 0 to 1 over all checkpoints."""
     n = len(jobs)
     cp_start = np.zeros(n + 1, dtype=np.int64)
     cp_start[1:] = np.cumsum([len(j["cps"]) for j in jobs])
@@ -28,7 +29,8 @@ def hand_workload(jobs: list[dict]) -> Workload:
         cp_progress=np.array([c[0] for c in flat], float),
         cp_eval=np.array([c[1] for c in flat], float),
         cp_loss=np.array([c[2] for c in flat], float),
-        cp_reward=np.linspace(0.0, 1.0, len(flat)),
+        cp_reward=np.array([c[4] if len(c) > 4 else r for c, r in zip(flat, np.linspace(0.0, 1.0, len(flat)),
+                                                                       strict=True)], float),
         cp_clean=np.array([c[3] if len(c) > 3 else c[1] for c in flat], float),
         eval_se=np.full(n, 0.02),
         est_duration=np.array([j.get("est", j["duration"]) for j in jobs], float),

@@ -291,3 +291,52 @@ def test_planned_stops_by_hand_with_jobs_of_no_one_and_several_checkpoints():
     assert plan.tolist() == [-1, 0, 2, -1, -1] and plan.dtype == np.int64
     never = FIFO().plan_stops(series, JOB_TYPES)
     assert never.tolist() == [-1] * 5 and never.dtype == np.int64
+
+
+# ----------------------------------------------------------------------------------- simulate's defaults
+@BOTH_PATHS
+def test_simulate_defaults_by_hand(coalesce):
+    """The defaults a caller gets without naming them: preemption overhead 2 min, quality bar 0.3, minimum relative
+    gain 0.01. SRTF on 1 GPU: B (4 min) arrives at 5 and preempts A (20 min, 15 left); B ends at 9; A resumes at 9,
+    pays 2 min and trains 15: ends at 26. C alone (checkpoints every 10 min, no eval time): evals 0.25 (under the
+    bar), 0.35 (useful: 0.35 >= 0.25 + 0.01 x 0.25), 0.352 (< 0.35 x 1.01 = 0.3535), 0.355 (< 0.352 x 1.01 =
+    0.35552): first useful at 20, busy 20 then."""
+    pre = simulate(hand_workload([one_cp(arrival=0.0, duration=20.0, est=20.0), one_cp(arrival=5.0, duration=4.0)]),
+                   SRTFEst(), gpus=1, coalesce=coalesce)
+    assert pre.end.tolist() == [26.0, 9.0] and pre.preemptions.tolist() == [1, 0]
+    c = simulate(hand_workload([dict(arrival=0.0, duration=40.0, cps=quarters([0.25, 0.35, 0.352, 0.355]))]), FIFO(),
+                 gpus=1, coalesce=coalesce)
+    assert c.first_useful.tolist() == [20.0] and c.busy_at_useful.tolist() == [20.0] and c.end.tolist() == [40.0]
+
+
+@BOTH_PATHS
+def test_an_early_stop_policy_run_twice_judges_each_job_afresh(coalesce):
+    """EvalStop(k=1) stops a 100-minute job (checkpoints every 25 min, evals 0.4, 0.6, 0.5, 0.45) at its first decline:
+    0.5 at minute 75, 25 minutes saved. The same policy object simulated again gives the same: a finished job's
+    monitor is dropped (`forget`), so job 0 of the second run does not start from the first run's 0.6."""
+    wl = hand_workload([dict(arrival=0.0, duration=100.0, cps=[(0.25, 0.4, 2.0), (0.5, 0.6, 1.5), (0.75, 0.5, 1.4),
+                                                               (1.0, 0.45, 1.35)])])
+    policy = parse_scheduler("EvalStop(k=1)+FIFO")
+    for _ in range(2):
+        res = simulate(wl, policy, gpus=1, coalesce=coalesce)
+        assert res.stopped.tolist() == [True] and res.end.tolist() == [75.0] and res.saved_minutes.tolist() == [25.0]
+    assert policy._monitors == {}
+
+
+@BOTH_PATHS
+def test_divergence_tells_a_collapse_from_reward_hacking_by_the_proxy_reward(coalesce):
+    """Evals rise to 0.8 at the half-way checkpoint and fall to 0.25. With the proxy reward rising all along (reward
+    hacking's signature) Divergence stops the job after the peak; with the proxy falling with the eval (a collapse,
+    not hacking) it lets the job run to its end (80 min). Both engine paths must pass the reward to the rule."""
+    evals = [0.2, 0.4, 0.6, 0.8, 0.7, 0.55, 0.4, 0.25]
+
+    def job(rewards):
+        return dict(arrival=0.0, duration=80.0,
+                    cps=[((k + 1) / 8, e, 1.0, e, r) for k, (e, r) in enumerate(zip(evals, rewards, strict=True))])
+
+    hacked = simulate(hand_workload([job([0.1 * k for k in range(8)])]), parse_scheduler("Divergence+FIFO"), gpus=1,
+                      coalesce=coalesce)
+    assert hacked.stopped.tolist() == [True] and 0.5 < hacked.stop_progress[0] < 1.0
+    collapsed = simulate(hand_workload([job([0.8 - 0.1 * k for k in range(8)])]), parse_scheduler("Divergence+FIFO"),
+                         gpus=1, coalesce=coalesce)
+    assert collapsed.stopped.tolist() == [False] and collapsed.end.tolist() == [80.0]
