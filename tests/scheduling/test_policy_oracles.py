@@ -340,3 +340,16 @@ def test_divergence_tells_a_collapse_from_reward_hacking_by_the_proxy_reward(coa
     collapsed = simulate(hand_workload([job([0.8 - 0.1 * k for k in range(8)])]), parse_scheduler("Divergence+FIFO"),
                          gpus=1, coalesce=coalesce)
     assert collapsed.stopped.tolist() == [False] and collapsed.end.tolist() == [80.0]
+
+
+@BOTH_PATHS
+def test_backfill_is_on_by_default_and_a_job_too_big_for_the_cluster_is_refused(coalesce):
+    """FIFO on 2 GPUs: A (1 GPU, 10 min) at 0; B (2 GPUs, 5 min) at 1 waits for A; C (1 GPU, 3 min) at 2 does not fit
+    behind B but fits beside A: backfilled at 2, ends at 5; B runs 10-15. Without backfill C waits for B (15-18)."""
+    wl = hand_workload([one_cp(arrival=0.0, duration=10.0), one_cp(arrival=1.0, duration=5.0, gpus=2),
+                        one_cp(arrival=2.0, duration=3.0)])
+    assert simulate(wl, FIFO(), gpus=2, coalesce=coalesce).end.tolist() == [10.0, 15.0, 5.0]
+    assert simulate(wl, FIFO(), gpus=2, backfill=False, coalesce=coalesce).end.tolist() == [10.0, 15.0, 18.0]
+    with pytest.raises(ValueError) as err:
+        simulate(hand_workload([one_cp(arrival=0.0, duration=1.0, gpus=3)]), FIFO(), gpus=2, coalesce=coalesce)
+    assert str(err.value) == "a job needs 3 GPUs but the cluster has 2"
