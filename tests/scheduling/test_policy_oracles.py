@@ -353,3 +353,30 @@ def test_backfill_is_on_by_default_and_a_job_too_big_for_the_cluster_is_refused(
     with pytest.raises(ValueError) as err:
         simulate(hand_workload([one_cp(arrival=0.0, duration=1.0, gpus=3)]), FIFO(), gpus=2, coalesce=coalesce)
     assert str(err.value) == "a job needs 3 GPUs but the cluster has 2"
+
+
+class StopBelowBestBy(FIFO):
+    """A history-only rule without a batch form (the engine replays it job by job): stop a job whose eval fell 0.05
+    under its best."""
+
+    def on_checkpoint(self, view: JobView) -> bool:
+        return view.eval_history[-1] < max(view.eval_history) - 0.05
+
+    @property
+    def stop_reads_history_only(self) -> bool:
+        return True
+
+
+@BOTH_PATHS
+def test_a_replayed_rule_stops_only_the_jobs_it_names(coalesce):
+    """FIFO base, three jobs one after the other on 1 GPU (checkpoints every 10 min). Job 0 (flat checkpoints 0, 1:
+    0.5, 0.6) never falls: it runs to its end at 20, not stopped. Job 1 (flat 2-5: 0.5, 0.7, 0.6, 0.4) falls 0.1 under
+    its best at its third checkpoint: stopped at 20 + 30 = 50, 10 minutes saved; its kept checkpoint is flat 3 (0.7).
+    Job 2 never reaches the bar: no useful checkpoint, so nothing is busy at a useful one."""
+    wl = hand_workload([dict(arrival=0.0, duration=20.0, cps=[(0.5, 0.5, 1.0), (1.0, 0.6, 1.0)]),
+                        dict(arrival=1.0, duration=40.0, cps=quarters([0.5, 0.7, 0.6, 0.4])),
+                        dict(arrival=2.0, duration=10.0, cps=[(1.0, 0.1, 1.0)])])
+    res = simulate(wl, StopBelowBestBy(), gpus=1, coalesce=coalesce)
+    assert res.stopped.tolist() == [False, True, False] and res.end.tolist() == [20.0, 50.0, 60.0]
+    assert res.saved_minutes.tolist() == [0.0, 10.0, 0.0] and res.best_index.tolist() == [1, 3, 6]
+    assert res.busy_at_useful.tolist() == [20.0, 20.0, 0.0] and np.isnan(res.first_useful[2])
