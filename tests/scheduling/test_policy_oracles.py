@@ -380,3 +380,14 @@ def test_a_replayed_rule_stops_only_the_jobs_it_names(coalesce):
     assert res.stopped.tolist() == [False, True, False] and res.end.tolist() == [20.0, 50.0, 60.0]
     assert res.saved_minutes.tolist() == [0.0, 10.0, 0.0] and res.best_index.tolist() == [1, 3, 6]
     assert res.busy_at_useful.tolist() == [20.0, 20.0, 0.0] and np.isnan(res.first_useful[2])
+
+
+@BOTH_PATHS
+def test_a_job_stopped_at_its_very_first_checkpoint(coalesce):
+    """StopAt0.25 stops job 0 (40 min, checkpoints every 10) at its first checkpoint, flat index 0: it ends at 10 with
+    30 minutes saved; job 1 (one checkpoint) then runs 10-15. Events: 2 arrivals + 2 landings = 4."""
+    wl = hand_workload([dict(arrival=0.0, duration=40.0, cps=quarters([0.5, 0.6, 0.7, 0.8])),
+                        dict(arrival=1.0, duration=5.0, type="lora", cps=[(1.0, 0.5, 1.0)])])
+    res = simulate(wl, parse_scheduler("StopAt0.25+FIFO"), gpus=1, coalesce=coalesce)
+    assert res.stopped.tolist() == [True, False] and res.end.tolist() == [10.0, 15.0]
+    assert res.end_index.tolist() == [0, 4] and res.saved_minutes.tolist() == [30.0, 0.0] and res.events == 4
