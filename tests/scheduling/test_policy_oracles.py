@@ -260,11 +260,11 @@ def test_scheduler_names_build_the_policy_and_detector_they_name():
 
 
 # ------------------------------------------------------------------------------------------ progress reports
-@pytest.mark.parametrize("jobs, reported", [(3, [1, 2, 3]), (250, list(range(2, 251, 2)))])
+@pytest.mark.parametrize("jobs, reported", [(3, [1, 2, 3]), (200, list(range(2, 201, 2)))])
 @BOTH_PATHS
 def test_progress_is_reported_every_hundredth_of_the_jobs(jobs, reported, coalesce):
-    """`progress(n_done)` after every max(1, jobs // 100) finished jobs: 250 one-minute jobs arriving a minute apart on
-    one GPU end one by one, so the reports are 2, 4, ..., 250 (every job for 3 jobs)."""
+    """`progress(n_done)` after every max(1, jobs // 100) finished jobs: 200 one-minute jobs arriving a minute apart on
+    one GPU end one by one, so the reports are 2, 4, ..., 200 (every job for 3 jobs)."""
     seen = []
     wl = hand_workload([one_cp(arrival=float(k), duration=1.0) for k in range(jobs)])
     res = simulate(wl, FIFO(), gpus=1, progress=seen.append, coalesce=coalesce)
@@ -391,3 +391,30 @@ def test_a_job_stopped_at_its_very_first_checkpoint(coalesce):
     res = simulate(wl, parse_scheduler("StopAt0.25+FIFO"), gpus=1, coalesce=coalesce)
     assert res.stopped.tolist() == [True, False] and res.end.tolist() == [10.0, 15.0]
     assert res.end_index.tolist() == [0, 4] and res.saved_minutes.tolist() == [30.0, 0.0] and res.events == 4
+
+
+class RecordingRule(FIFO):
+    """A history-only rule without a batch form that never stops: it records the fixed fields of each view it sees."""
+
+    def __init__(self):
+        self.seen = set()
+
+    def on_checkpoint(self, view: JobView) -> bool:
+        self.seen.add((view.job_id, view.job_type, view.tenant, view.gpus, view.arrival, view.est_duration,
+                       view.eval_se))
+        return False
+
+    @property
+    def stop_reads_history_only(self) -> bool:
+        return True
+
+
+@BOTH_PATHS
+def test_a_replayed_rule_sees_each_jobs_own_fixed_fields_and_an_empty_workload_is_empty(coalesce):
+    rule = RecordingRule()
+    wl = hand_workload([dict(arrival=0.5, duration=10.0, est=12.0, gpus=2, tenant=3, cps=[(1.0, 0.5, 1.0)]),
+                        dict(arrival=1.5, duration=10.0, est=7.0, type="lora", cps=[(1.0, 0.5, 1.0)])])
+    simulate(wl, rule, gpus=2, coalesce=coalesce)
+    assert rule.seen == {(0, "rlhf", 3, 2, 0.5, 12.0, 0.02), (1, "lora", 0, 1, 1.5, 7.0, 0.02)}
+    empty = simulate(hand_workload([]), FIFO(), gpus=1, coalesce=coalesce)
+    assert (empty.events, empty.makespan, len(empty.end)) == (0, 0.0, 0)
