@@ -397,11 +397,13 @@ class RecordingRule(FIFO):
     """A history-only rule without a batch form that never stops: it records the fixed fields of each view it sees."""
 
     def __init__(self):
-        self.seen = set()
+        self.seen, self.histories = set(), set()
 
     def on_checkpoint(self, view: JobView) -> bool:
         self.seen.add((view.job_id, view.job_type, view.tenant, view.gpus, view.arrival, view.est_duration,
                        view.eval_se))
+        self.histories.add((view.job_id, view.attained, view.progress, tuple(view.eval_history),
+                            tuple(view.loss_history), tuple(view.reward_history), tuple(view.progress_history)))
         return False
 
     @property
@@ -411,10 +413,16 @@ class RecordingRule(FIFO):
 
 @BOTH_PATHS
 def test_a_replayed_rule_sees_each_jobs_own_fixed_fields_and_an_empty_workload_is_empty(coalesce):
+    """The views a history-only rule judges (replayed job by job on the coalesced path, live on the other) carry each
+    job's fixed fields and, at each checkpoint, the service (progress x 10 min) and the histories so far."""
     rule = RecordingRule()
-    wl = hand_workload([dict(arrival=0.5, duration=10.0, est=12.0, gpus=2, tenant=3, cps=[(1.0, 0.5, 1.0)]),
-                        dict(arrival=1.5, duration=10.0, est=7.0, type="lora", cps=[(1.0, 0.5, 1.0)])])
+    wl = hand_workload([dict(arrival=0.5, duration=10.0, est=12.0, gpus=2, tenant=3,
+                             cps=[(0.5, 0.5, 2.0, 0.5, 0.1), (1.0, 0.6, 1.5, 0.6, 0.2)]),
+                        dict(arrival=1.5, duration=10.0, est=7.0, type="lora", cps=[(1.0, 0.7, 1.0, 0.7, 0.3)])])
     simulate(wl, rule, gpus=2, coalesce=coalesce)
     assert rule.seen == {(0, "rlhf", 3, 2, 0.5, 12.0, 0.02), (1, "lora", 0, 1, 1.5, 7.0, 0.02)}
+    assert rule.histories == {(0, 5.0, 0.5, (0.5,), (2.0,), (0.1,), (0.5,)),
+                              (0, 10.0, 1.0, (0.5, 0.6), (2.0, 1.5), (0.1, 0.2), (0.5, 1.0)),
+                              (1, 10.0, 1.0, (0.7,), (1.0,), (0.3,), (1.0,))}
     empty = simulate(hand_workload([]), FIFO(), gpus=1, coalesce=coalesce)
     assert (empty.events, empty.makespan, len(empty.end)) == (0, 0.0, 0)
