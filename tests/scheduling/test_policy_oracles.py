@@ -426,3 +426,18 @@ def test_a_replayed_rule_sees_each_jobs_own_fixed_fields_and_an_empty_workload_i
                               (1, 10.0, 1.0, (0.7,), (1.0,), (0.3,), (1.0,))}
     empty = simulate(hand_workload([]), FIFO(), gpus=1, coalesce=coalesce)
     assert (empty.events, empty.makespan, len(empty.end)) == (0, 0.0, 0)
+
+
+@BOTH_PATHS
+def test_a_job_preempted_during_an_eval_resumes_with_no_training_left_before_it(coalesce):
+    """SRTF, 1 GPU. A (3 min, checkpoints at progress 0.1, 0.3, 1; 1-min evals): trains 0.3, eval lands at 1.3;
+    trains 0.6 to 1.9 and is evaluating when B (0.5 min) arrives at 2.0 and preempts it (A has 3 - 0.9 = 2.1 left).
+    A keeps the 0.9 it trained (0.3 + 0.6 in floats: an ulp above 0.3 x 3, which must not count as training left)
+    and loses the eval in flight. B runs 2.0-2.5; A resumes at 2.5: 2 min overhead, no training, the 1-min eval
+    again (5.5), then 2.1 min and its last eval: ends at 8.6."""
+    wl = hand_workload([dict(arrival=0.0, duration=3.0, eval_minutes=1.0, cps=[(0.1, 0.5, 1.0), (0.3, 0.6, 1.0),
+                                                                              (1.0, 0.7, 1.0)]),
+                        one_cp(arrival=2.0, duration=0.5)])
+    res = simulate(wl, SRTFEst(), gpus=1, coalesce=coalesce)
+    assert res.preemptions.tolist() == [1, 0] and res.end[1] == 2.5
+    assert res.end[0] == pytest.approx(8.6, abs=1e-9)
