@@ -441,3 +441,25 @@ def test_a_job_preempted_during_an_eval_resumes_with_no_training_left_before_it(
     res = simulate(wl, SRTFEst(), gpus=1, coalesce=coalesce)
     assert res.preemptions.tolist() == [1, 0] and res.end[1] == 2.5
     assert res.end[0] == pytest.approx(8.6, abs=1e-9)
+
+
+@pytest.mark.parametrize("short", [66, 70])
+@BOTH_PATHS
+def test_a_long_run_of_finished_jobs_does_not_hide_a_running_one_from_eviction(short, coalesce):
+    """SRTF, 1 GPU: `short` one-minute jobs back to back (job k runs k to k + 1) leave their entries in the running
+    heap, which is compacted once stale entries outnumber live ones (with 66, exactly when X starts). X (100 min)
+    starts at `short`; Y (1 min) arrives 5 min later and must still find X to evict: Y runs for 1 min, X resumes after
+    2 min overhead with 95 min left: X ends at short + 5 + 1 + 2 + 95."""
+    jobs = [one_cp(arrival=float(k), duration=1.0) for k in range(short)]
+    jobs += [one_cp(arrival=float(short), duration=100.0), one_cp(arrival=short + 5.0, duration=1.0)]
+    res = simulate(hand_workload(jobs), SRTFEst(), gpus=1, coalesce=coalesce)
+    assert res.end.tolist() == [float(k + 1) for k in range(short)] + [short + 103.0, short + 6.0]
+    assert res.preemptions.tolist() == [0] * short + [1, 0]
+
+
+@BOTH_PATHS
+def test_an_eval_exactly_at_the_quality_bar_is_useful(coalesce):
+    """The bar is inclusive: a single checkpoint at 0.3 (the default bar) after 10 min is useful then."""
+    res = simulate(hand_workload([dict(arrival=0.0, duration=10.0, cps=[(1.0, 0.3, 1.0)])]), FIFO(), gpus=1,
+                   coalesce=coalesce)
+    assert res.first_useful.tolist() == [10.0] and res.busy_at_useful.tolist() == [10.0]
