@@ -58,13 +58,22 @@ def warm_starts(cfgs: list[Any]) -> None:
     """Build (or load) each job's base policy and proxy reward model here, one job after another, before the jobs'
     threads start. Building one seeds torch's global generator and draws the initial weights from it; two jobs
     building the same warm start at once in two threads would interleave those draws, and each would train from a
-    base that depends on thread timing (the first round on a clean cache). Cached ones are only loaded."""
+    base that depends on thread timing (the first round on a clean cache). Each is built with the job's own torch
+    thread count (`oppo.torch_threads`, as its trainer would): the fitted weights depend on it (the summation order),
+    so a clean cache gets the same warm start on any machine. Cached ones are only loaded."""
+    import torch
+
     from training.models import base_policy, make_tokenizer, proxy_reward_model
 
-    for cfg in cfgs:
-        tok = make_tokenizer(cfg.policy.model_name_or_path)
-        base_policy(cfg, tok)
-        proxy_reward_model(cfg, tok)
+    threads = torch.get_num_threads()
+    try:
+        for cfg in cfgs:
+            torch.set_num_threads(cfg.oppo.torch_threads)
+            tok = make_tokenizer(cfg.policy.model_name_or_path)
+            base_policy(cfg, tok)
+            proxy_reward_model(cfg, tok)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @task(name="platform-job", task_run_name="job {request.tenant}/{request.name}", cache_policy=NO_CACHE)
