@@ -15,6 +15,7 @@ import uuid
 
 import pandas as pd
 import pytest
+import yaml
 
 
 def second_consecutive_decline(metrics_csv) -> int | None:
@@ -104,3 +105,52 @@ def test_train_refuses_an_unknown_detector_naming_the_option(tmp_path, capsys, m
                         monkeypatch)
     assert code == 2 and "--detector: 'nope' is not one of" in err[-1] and "paired" in err[-1], err
     assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.slow
+def test_the_round_and_train_decide_the_gameable_job_alike_with_the_paired_rule(prefect_server, mlflow_store, tmp_path,
+                                                                                warm_start_cache, capsys, monkeypatch):
+    """The default round's gameable job under its default gate (the paired rule, fitted to the job's planned looks by
+    the one builder) through the platform round and `rlhfops train --detector paired`: the same end state at the
+    same step on the same evidence. Which verdict it is depends on the warm start the cache holds (a gate pause, or
+    the KL alert first: docs/orchestration.md); a pause's difference is recomputed by hand from the round's
+    gate_records.csv and comes after the job's gate peak, keeping an earlier checkpoint."""
+    from cli_helpers import run_cli_output
+
+    from common.validate import set_dotted
+    from flows.params import DEFAULT_JOBS, platform_job_config
+    from flows.platform_round import platform_round
+    from training.lifecycle import JOB_DONE
+
+    (job,) = [j for j in DEFAULT_JOBS if j["name"] == "gameable"]
+    steps = 24
+    platform_round(jobs=[job], slots=1, steps=steps, out_dir=str(tmp_path / "round"), cache_dir=str(warm_start_cache),
+                   retry_delay_s=0.1, slot_limit=f"gpu-slots-test-{uuid.uuid4().hex[:8]}")
+    round_dir = tmp_path / "round" / job["tenant"] / job["name"]
+    done = json.loads((round_dir / JOB_DONE).read_text())
+
+    raw = platform_job_config(steps, str(warm_start_cache))
+    for key, value in job["overrides"].items():
+        set_dotted(raw, key, value)
+    (tmp_path / "gameable.yaml").write_text(yaml.safe_dump(raw))
+    code, _out, err = run_cli_output(["train", tmp_path / "gameable.yaml", "--steps", steps, "--detector", "paired",
+                                      "--out", tmp_path / "train"], capsys, monkeypatch)
+    assert code == 0, err
+    trained = json.loads((tmp_path / "train" / JOB_DONE).read_text())
+    for key in ("state", "paused_step", "best_step", "evidence"):
+        assert trained.get(key) == done.get(key), key
+    ran = [len(pd.read_csv(d / "metrics.csv")) for d in (round_dir, tmp_path / "train")]
+    assert ran[0] == ran[1] < steps  # both ended early, at the same step
+
+    if done["state"].startswith("PAUSED_BY_GATE"):
+        evidence, paused = done["evidence"], done["paused_step"]
+        assert evidence["detector"] == "paired" and evidence["params"]["horizon"] == steps // 2 - 1
+        (fired,) = [c for c in evidence["comparisons"] if c["reference_step"] == evidence["kept_step"]]
+        g = pd.read_csv(round_dir / "gate_records.csv")
+        ref = g[g.step == fired["reference_step"]].set_index("prompt_id").gold_score
+        cur = g[g.step == paused].set_index("prompt_id").gold_score
+        common = ref.index.intersection(cur.index)
+        assert len(common) == fired["prompts"] and fired["upper"] < 0
+        assert fired["mean_diff"] == pytest.approx(float((cur[common] - ref[common]).mean()))
+        m = pd.read_csv(round_dir / "metrics.csv").dropna(subset=["gold_eval"])
+        assert int(m.step[m.gold_eval.idxmax()]) < paused and done["best_step"] < paused
