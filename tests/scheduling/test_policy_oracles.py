@@ -501,3 +501,53 @@ def test_usefulness_counts_a_gain_of_exactly_the_minimum(coalesce):
     wl = hand_workload([dict(arrival=0.0, duration=30.0, cps=[(1 / 3, 0.5, 1.0), (2 / 3, 0.75, 1.0), (1.0, 0.8, 1.0)])])
     res = simulate(wl, FIFO(), gpus=1, min_improvement=0.5, coalesce=coalesce)
     assert res.busy_at_useful.tolist() == [20.0] and res.first_useful.tolist() == [10.0]
+
+
+@BOTH_PATHS
+def test_eviction_takes_only_the_gpus_the_head_needs(coalesce):
+    """SRTF, 3 GPUs: A (1 GPU, 100 min) and B (1 GPU, 90 min) run from 0; C (2 GPUs, 5 min) arrives at 10 with 1 GPU
+    free: it needs 1 more, so only the worst runner is evicted: A (90 left, B 80). C runs 10-15; A resumes at 15, pays
+    2 min and trains its 90: ends at 107; B is never touched: ends at 90."""
+    wl = hand_workload([one_cp(arrival=0.0, duration=100.0), one_cp(arrival=0.0, duration=90.0),
+                        one_cp(arrival=10.0, duration=5.0, gpus=2)])
+    res = simulate(wl, SRTFEst(), gpus=3, coalesce=coalesce)
+    assert res.end.tolist() == [107.0, 90.0, 15.0] and res.preemptions.tolist() == [1, 0, 0]
+
+
+@BOTH_PATHS
+def test_a_head_that_cannot_evict_still_lets_a_smaller_job_backfill_and_live_service_counts(coalesce):
+    """SRTF, 2 GPUs. A (1 GPU, 10) runs 0-10. B (2 GPUs, 50) arrives at 1: it cannot evict A (10 ranks better) and
+    waits. C (1 GPU, 60) arrives at 2: B still cannot evict, but C fits beside A and is backfilled at 2. At 10 A ends;
+    B (50) evicts C, whose key is refreshed with its live service (60 - 8 = 52, still worse): B runs 10-60. C resumes
+    at 60 (2 min overhead). D (2 GPUs, 42) arrives at 70 with 1 GPU free: C has trained 8 + (70 - 60 - 2) = 16, so
+    44 left > 42: C is evicted again (counting its overhead as service would give 40 and keep it). D runs 70-112; C
+    resumes at 112, pays 2 and trains its 44 left: ends at 158."""
+    wl = hand_workload([one_cp(arrival=0.0, duration=10.0), one_cp(arrival=1.0, duration=50.0, gpus=2),
+                        one_cp(arrival=2.0, duration=60.0), one_cp(arrival=70.0, duration=42.0, gpus=2)])
+    res = simulate(wl, SRTFEst(), gpus=2, coalesce=coalesce)
+    assert res.end.tolist() == [10.0, 60.0, 158.0, 112.0] and res.preemptions.tolist() == [0, 0, 2, 0]
+    seen = PreemptionsSeen()  # the same ranking; C's one checkpoint shows its two preemptions
+    simulate(wl, seen, gpus=2, coalesce=coalesce)
+    assert sorted(seen.seen) == [(0, 0), (1, 0), (2, 2), (3, 0)]
+
+
+class PreemptionsSeen(SRTFEst):
+    """SRTF that records, at each checkpoint, how many preemptions the job's view shows."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_checkpoint(self, view: JobView) -> bool:
+        self.seen.append((view.job_id, view.preemptions))
+        return False
+
+
+def test_a_policy_sees_each_jobs_preemptions():
+    """The preemption-during-an-eval case: A's checkpoints at 1.3 (before), 5.5 and 8.6 (after its one preemption);
+    B's at 2.5."""
+    wl = hand_workload([dict(arrival=0.0, duration=3.0, eval_minutes=1.0, cps=[(0.1, 0.5, 1.0), (0.3, 0.6, 1.0),
+                                                                              (1.0, 0.7, 1.0)]),
+                        one_cp(arrival=2.0, duration=0.5)])
+    policy = PreemptionsSeen()
+    simulate(wl, policy, gpus=1)
+    assert policy.seen == [(0, 0), (1, 0), (0, 1), (0, 1)]
