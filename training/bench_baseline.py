@@ -17,7 +17,8 @@ def bench_settings(cfg: Any, quick: bool, steps: int | None = None, seeds: int =
     runs 30 steps with a smoothing window of 5 (else the config's steps, window 8); the seeds are the config's seed
     and the next `seeds - 1`."""
     return {"steps": steps or (30 if quick else cfg.steps), "seeds": [cfg.seed + i for i in range(seeds)],
-            "target_frac": target_frac, "smooth_window": 5 if quick else 8, "gate_every": gate_every}
+            "target_frac": target_frac, "smooth_window": 5 if quick else 8, "gate_every": gate_every,
+            "config": cfg.model_dump(mode="json")}
 
 
 def comparable(result_settings: dict, baseline: dict) -> str | None:
@@ -29,6 +30,15 @@ def comparable(result_settings: dict, baseline: dict) -> str | None:
             return f"its {key} is {baseline[key]!r}, this run's is {result_settings[key]!r}"
     if "ratios" not in baseline:
         return "it has no 'ratios'"
+    if "config" in result_settings and isinstance(baseline.get("config"), dict):
+        from common.config import flatten
+
+        mine, theirs = flatten(result_settings["config"]), flatten(baseline["config"])
+        differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if differ:
+            k = differ[0]
+            more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
+            return f"its training config has {k} = {theirs.get(k)!r}, this run's {mine.get(k)!r}{more}"
     return None
 
 

@@ -45,6 +45,9 @@ def register_bench(bench_app: typer.Typer) -> None:
         ablation: bool = typer.Option(False, "--ablation",
                                       help="instead of the four modes: sequential, then full overlap with each "
                                            "correction (none, tis, decoupled) at staleness bounds 1 and 4"),
+        threads: int = typer.Option(0, "--threads",
+                                    help="also run sequential and inter with this many torch threads beside the "
+                                         "config's (the thread-count check of docs/oppo.md)"),
         slow_intra: float = typer.Option(0.0, "--slow-intra", hidden=True,
                                          help="demonstration fault: the intra mode sleeps this many seconds per "
                                               "decoded chunk (shows the --baseline check flagging a slowed path)"),
@@ -66,6 +69,10 @@ def register_bench(bench_app: typer.Typer) -> None:
             raise BadInput("--seeds: need 1 to 20 seeds")
         if gate_every < 1:
             raise BadInput("--gate-every: need at least 1")
+        if not 0 <= threads <= 64:
+            raise BadInput("--threads: a torch thread count in 1..64 (0: no extra runs)")
+        if threads and ablation:
+            raise BadInput("--threads: not with --ablation (one variant set at a time)")
         if not 0.0 <= slow_intra <= 10.0:
             raise BadInput("--slow-intra: seconds per chunk in [0, 10]")
         check_out_file(out, "out")
@@ -76,10 +83,13 @@ def register_bench(bench_app: typer.Typer) -> None:
                                   target_frac=target_frac)
         base = read_baseline(baseline, settings, "--baseline") if baseline is not None else None
         # torch: only once the config and baseline are known good, so an error is reported in about a second
-        from training.bench import DEFAULT_VARIANTS, ablation_variants, regression_check
+        from training.bench import DEFAULT_VARIANTS, Variant, ablation_variants, regression_check
 
         n_steps, seed_list = settings["steps"], settings["seeds"]
         variants = ablation_variants() if ablation else DEFAULT_VARIANTS
+        if threads:
+            variants = variants + tuple(Variant(f"{mode}-{threads}threads", mode, {"oppo.torch_threads": threads})
+                                        for mode in ("none", "inter"))
         console = make_console()
         what = f"steps ({len(variants)} variants x {seeds} seeds, round-robin)"
         with progress(console, what, total=n_steps) as shown:

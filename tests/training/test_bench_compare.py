@@ -43,6 +43,20 @@ def test_comparable_names_the_setting_that_differs():
     assert "no 'seeds'" in comparable(settings, {k: v for k, v in settings.items() if k != "seeds"})
 
 
+def test_a_baseline_trained_with_another_config_is_refused():
+    from training.bench_baseline import bench_settings
+    from training.config import load_config
+
+    settings = bench_settings(load_config("configs/ppo-bench.yaml"), quick=True)
+    same = {**settings, "ratios": {}}
+    assert comparable(settings, same) is None
+    other = load_config("configs/ppo-bench.yaml", {"oppo.torch_threads": 2, "ppo.kl_coef": 0.1})
+    why = comparable(settings, {**same, "config": other.model_dump(mode="json")})
+    assert why == "its training config has oppo.torch_threads = 2, this run's 1 (and 1 more)"
+    # a baseline without its config (a hand-made one) is compared on the settings alone
+    assert comparable(settings, {k: v for k, v in same.items() if k != "config"}) is None
+
+
 def simulate(rng, n_trials: int, n_seeds: int, slowdown: float, noise_cv: float) -> tuple[np.ndarray, np.ndarray]:
     """Per trial: whether any of the 9 ratios was flagged (family-wise) and whether speedup.intra was. Each
     ratio has a per-seed true value (seed effects, shared by baseline and current: the seeds are the same) times
