@@ -551,3 +551,26 @@ def test_a_policy_sees_each_jobs_preemptions():
     policy = PreemptionsSeen()
     simulate(wl, policy, gpus=1)
     assert policy.seen == [(0, 0), (1, 0), (0, 1), (0, 1)]
+
+
+@BOTH_PATHS
+def test_eviction_counts_the_gpus_of_every_victim(coalesce):
+    """SRTF, 2 GPUs: A (1 GPU, 100 min) and B (1 GPU, 90 min) run from 0; C (2 GPUs, 5 min) arrives at 10 and needs
+    both: A then B are evicted (1 + 1 GPUs). C runs 10-15; both resume at 15 with 2 min overhead: B (80 left) ends at
+    97, A (90 left) at 107."""
+    wl = hand_workload([one_cp(arrival=0.0, duration=100.0), one_cp(arrival=0.0, duration=90.0),
+                        one_cp(arrival=10.0, duration=5.0, gpus=2)])
+    res = simulate(wl, SRTFEst(), gpus=2, coalesce=coalesce)
+    assert res.end.tolist() == [107.0, 97.0, 15.0] and res.preemptions.tolist() == [1, 1, 0]
+
+
+@BOTH_PATHS
+def test_one_pass_backfills_every_job_that_fits(coalesce):
+    """FIFO, 4 GPUs: A (2 GPUs, 10) and X (2 GPUs, 5) run from 0; B (4 GPUs, 5) at 1, C and D (1 GPU, 3 each) at 2
+    and 3 wait behind B. X ends at 5: B still does not fit, C and D both do: both run 5-8. A ends at 10 and B runs
+    10-15."""
+    wl = hand_workload([one_cp(arrival=0.0, duration=10.0, gpus=2), one_cp(arrival=0.0, duration=5.0, gpus=2),
+                        one_cp(arrival=1.0, duration=5.0, gpus=4), one_cp(arrival=2.0, duration=3.0),
+                        one_cp(arrival=3.0, duration=3.0)])
+    res = simulate(wl, FIFO(), gpus=4, coalesce=coalesce)
+    assert res.end.tolist() == [10.0, 5.0, 15.0, 8.0, 8.0]
