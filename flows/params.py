@@ -37,12 +37,12 @@ CanaryName = Literal["control", "frozen_sync", "constant_reward", "oversized_lr"
 
 
 #: the default round: five tenants, one job each; two are set up to over-optimise the proxy reward. The gameable
-#: job's bonus (1.5 per trigger character from step 2) makes its held-out score fall fast enough after its peak for
-#: the gate to see it before its KL passes the health catalog's ceiling (with 1.0 both came at step 18, and the
-#: paging alert ended it FAILED: docs/orchestration.md)
+#: job's bonus (2.0 per trigger character from step 2) makes its held-out score fall fast enough after its peak for
+#: the gate to see it before its KL passes the health catalog's ceiling (with 1.0 the paging alert came first and
+#: ended it FAILED: docs/orchestration.md)
 DEFAULT_JOBS: list[dict[str, Any]] = [
     {"tenant": "acme", "name": "healthy-kl", "overrides": {"ppo.kl_coef": 0.2}},
-    {"tenant": "globex", "name": "gameable", "overrides": {"fault.kind": "gameable_reward", "fault.bonus": 1.5,
+    {"tenant": "globex", "name": "gameable", "overrides": {"fault.kind": "gameable_reward", "fault.bonus": 2.0,
                                                             "fault.at_step": 2}},
     {"tenant": "initech", "name": "healthy", "overrides": {}},
     {"tenant": "umbrella", "name": "weak-kl", "overrides": {"ppo.kl_coef": 0.0, "ppo.actor_lr": 1e-3}},

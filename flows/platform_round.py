@@ -141,7 +141,7 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
 @flow(name="platform-round", task_runner=task_runner("thread", 8), log_prints=False)
 def platform_round(
     jobs: list[dict[str, Any]] | None = None,
-    scheduler: str = "Paired+SRTF",
+    scheduler: str = "Paired(margin=0.1)+SRTF",
     slots: int = 2,
     steps: int = 24,
     gpu_kind: str = "cpu",
@@ -156,9 +156,10 @@ def platform_round(
     resume_paused: bool = False,
 ) -> dict[str, Any]:
     """Run a live round: `jobs` ({tenant, name, overrides, gpus?, steps_factor?}; default: five tenants) are
-    queued at once and placed on `slots` GPU worker slots by `scheduler` (any simulator name, e.g. `Paired+SRTF`,
-    `NoisePatience+SRTF`, `EvalStop+SJF`, `FIFO`): its base policy places them, its detector (default the paired rule
-    on the gate's per-prompt scores) is each job's eval gate, run by the job's supervisor; a job the gate stops is
+    queued at once and placed on `slots` GPU worker slots by `scheduler` (any simulator name, e.g.
+    `Paired(margin=0.1)+SRTF`, `NoisePatience+SRTF`, `EvalStop+SJF`, `FIFO`): its base policy places them, its detector
+    (default the paired rule on the gate's per-prompt scores, pausing only for a decline beyond 0.1 in gold units) is
+    each job's eval gate, run by the job's supervisor; a job the gate stops is
     paused (PAUSED_BY_GATE) with its best checkpoint kept and the evidence in its record. `resume_paused`: run only
     the jobs of `jobs` that an earlier round in `out_dir` paused, each continued from its kept checkpoint (the
     scheduler's detector watches the continuation afresh); the others are left as they are."""

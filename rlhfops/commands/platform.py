@@ -14,7 +14,7 @@ from common.errors import BadInput
 def register(app: typer.Typer) -> None:
     @app.command("platform")
     def platform_cmd(
-        scheduler: str = typer.Option("Paired+SRTF", "--scheduler", help="the simulator's scheduler names: "
+        scheduler: str = typer.Option("Paired(margin=0.1)+SRTF", "--scheduler", help="the simulator's scheduler names: "
                                       "a base (FIFO, SJF-Est, SRTF-Est, LossAware, EvalSched) optionally wrapped by "
                                       "an early-stop detector, e.g. NoisePatience+SRTF, EvalStop(k=3)+SJF"),
         slots: int = typer.Option(2, "--slots", help="GPU worker slots in the pool (a Prefect global concurrency "
