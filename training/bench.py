@@ -459,7 +459,9 @@ def markdown_table(result: dict) -> str:
     def ratio(kind: str, label: str) -> str:
         if label == ref:
             return "1.00x"
-        r = ratios[kind][label]
+        r = ratios[kind].get(label)
+        if not r or r.get("median") is None:
+            return "not reached"
         return f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]"
 
     rows = ["| variant | time to gold target s | speedup (gold) | time to proxy target s | speedup (proxy) | "
@@ -469,12 +471,12 @@ def markdown_table(result: dict) -> str:
     for v in result["variants"]:
         label, m = v["label"], result["modes"][v["label"]]
         gap = result["final_gold_gap"].get(label)
-        gap_s = "-" if gap is None else f"{gap['mean']:+.3f} ± {gap['se']:.3f}"
+        gap_s = "-" if gap is None else f"{gap['mean']:+.3f}" + ("" if gap["se"] is None else f" ± {gap['se']:.3f}")
         rows.append(
             f"| {label} | {pm(m, 'time_to_gold_s', '.1f')} | {ratio('speedup_gold', label)} | "
             f"{pm(m, 'time_to_reward_s', '.1f')} | {ratio('speedup', label)} | {ratio('step_time_speedup', label)} | "
-            f"{pm(m, 'final_gold_heldout', '.3f')} | {gap_s} | {m['tokens_generated']:.0f} ± "
-            f"{m['tokens_generated_se']:.0f} | {m['tokens_trained']:.0f} ± {m['tokens_trained_se']:.0f} | "
+            f"{pm(m, 'final_gold_heldout', '.3f')} | {gap_s} | {pm(m, 'tokens_generated', '.0f')} | "
+            f"{pm(m, 'tokens_trained', '.0f')} | "
             f"{m['is_ess_mean']:.3f} / {m['is_ess_min']:.2f} | {m['stale_frac']:.3f} |")
     ld = result["load"]
     nice = f", this process at nice {ld['nice']}, autogroup {'on' if ld.get('autogroup') else 'off'}" \
