@@ -35,8 +35,8 @@ test: install
 
 # Mutation testing of the decision code (PPO math, streaming scorer, detectors, ledger, the simulator's engine and
 # policies, the lifecycle, the OPPO controller, the sweep runner) against their fast oracle tests ([tool.mutmut] in
-# pyproject.toml; docs/testing.md). Resumable; CPU-heavy: by hand or the nightly, never in CI. One module at a time:
-# `make mutate MUTANTS="scheduling.policies*"`. `make mutation-report` writes the score per module and every survivor
+# pyproject.toml; docs/testing.md). CPU-heavy: by hand or the nightly, never in CI. One module at a time:
+# `make mutate MUTANTS="scheduling.policies*"` (every mutant afresh; `make mutate-resume` goes on where a run stopped). `make mutation-report` writes the score per module and every survivor
 # (with its explanation from tests/mutation_equivalents.toml) into docs/testing.md.
 mutate: install
 	$(BIN)/mutmut run --max-children $${MUTATE_JOBS:-2} $(MUTANTS)
