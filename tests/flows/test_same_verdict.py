@@ -110,9 +110,10 @@ def test_train_refuses_an_unknown_detector_naming_the_option(tmp_path, capsys, m
 @pytest.mark.slow
 def test_the_round_and_train_decide_the_gameable_job_alike_with_the_paired_rule(prefect_server, mlflow_store, tmp_path,
                                                                                 warm_start_cache, capsys, monkeypatch):
-    """The default round's gameable job under its default gate (the paired rule, fitted to the job's planned looks by
-    the one builder) through the platform round and `rlhfops train --detector paired`: the same end state at the
-    same step on the same evidence. Which verdict it is depends on the warm start the cache holds (a gate pause, or
+    """The default round's gameable job gated by the paired rule with its own defaults (`Paired+SRTF`; the round's
+    default scheduler adds margin=0.1, which a request's detector name cannot carry), fitted to the job's planned
+    looks by the one builder, through the platform round and `rlhfops train --detector paired`: the same end state at
+    the same step on the same evidence. Which verdict it is depends on the warm start the cache holds (a gate pause, or
     the KL alert first: docs/orchestration.md); a pause's difference is recomputed by hand from the round's
     gate_records.csv and comes after the job's gate peak, keeping an earlier checkpoint."""
     from cli_helpers import run_cli_output
@@ -124,8 +125,9 @@ def test_the_round_and_train_decide_the_gameable_job_alike_with_the_paired_rule(
 
     (job,) = [j for j in DEFAULT_JOBS if j["name"] == "gameable"]
     steps = 24
-    platform_round(jobs=[job], slots=1, steps=steps, out_dir=str(tmp_path / "round"), cache_dir=str(warm_start_cache),
-                   retry_delay_s=0.1, slot_limit=f"gpu-slots-test-{uuid.uuid4().hex[:8]}")
+    platform_round(jobs=[job], scheduler="Paired+SRTF", slots=1, steps=steps, out_dir=str(tmp_path / "round"),
+                   cache_dir=str(warm_start_cache), retry_delay_s=0.1,
+                   slot_limit=f"gpu-slots-test-{uuid.uuid4().hex[:8]}")
     round_dir = tmp_path / "round" / job["tenant"] / job["name"]
     done = json.loads((round_dir / JOB_DONE).read_text())
 
