@@ -360,7 +360,7 @@ def simulate(
 
     next_arrival = 0
     while True:
-        if next_arrival < n and (not events or arrival[next_arrival] <= events[0][0]):
+        if next_arrival < n and (not events or arrival[next_arrival] < events[0][0]):
             i = next_arrival
             next_arrival += 1
             t = arrival[i]

@@ -465,11 +465,7 @@ def test_an_eval_exactly_at_the_quality_bar_is_useful(coalesce):
     assert res.first_useful.tolist() == [10.0] and res.busy_at_useful.tolist() == [10.0]
 
 
-@pytest.mark.parametrize("coalesce", [True, pytest.param(False, marks=pytest.mark.xfail(
-    strict=True, reason="engine bug: on the per-checkpoint path an arrival at the instant an eval lands is handled "
-    "first (arrivals before events at equal times), so the preemption drops the eval that just finished and the job "
-    "redoes it: A ends at 29, not 28; the coalesced path lands it (catch_up: next_land <= t)"))],
-    ids=["coalesced", "eager"])
+@BOTH_PATHS
 def test_a_preemption_at_the_instant_an_eval_lands_keeps_that_eval(coalesce):
     """SRTF, 1 GPU. A (20 min, checkpoints at 0.5 and 1, 1-min evals) trains 0-10, its eval lands at 11. B (4 min)
     arrives at 11 and preempts A, whose checkpoint has just landed: B runs 11-15; A resumes at 15, pays 2 min, trains
