@@ -139,8 +139,8 @@ def check_bench(config: str, baseline: str | None, steps: int | None, seeds: int
     if not path.is_file() and not path.is_absolute() and checkout.is_file():
         path = checkout
     if not path.is_file():
-        raise BadInput(f"bench_baseline: file '{baseline}' not found, here or in this checkout (give a `rlhfops bench "
-                       "oppo --quick --out` JSON of the same settings, or 'none' (empty) for no comparison)")
+        raise BadInput(f"bench_baseline: file '{baseline}' not found, here or in this checkout (give the JSON a quick "
+                       "OPPO bench wrote with the same settings, or 'none' (empty) for no comparison)")
     return BenchPlan(cfg, settings, read_baseline(path, settings, "bench_baseline"), str(path))
 
 

@@ -78,7 +78,7 @@ def summarise(all_samples: Path, gil_samples: Path) -> str:
     (`--gil` run: only the thread that holds the GIL is sampled)."""
     for path in (all_samples, gil_samples):
         if not path.is_file():
-            raise SystemExit(f"error: {path}: no such file (write it with py-spy record --format raw -o {path})")
+            raise SystemExit(f"error: {path}: no such file (record it with py-spy as the module docstring shows)")
     every, gil = _read(all_samples), _read(gil_samples)
     every = {k: n for k, n in every.items() if k[1] != OUTSIDE}
     gil = {k: n for k, n in gil.items() if k[1] != OUTSIDE}
