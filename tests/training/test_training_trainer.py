@@ -109,7 +109,7 @@ def test_faults_change_what_they_should(cache):
     spike = list(train(tiny(cache, fault={"kind": "lr_spike", "at_step": 0, "factor": 300.0}), overlap="none",
                        steps=3))
     # the first update at 300x the learning rate moves the policy far more than the base's (at the last step a
-    # diverged policy can have collapsed to near-deterministic answers whose KL reads ~0, which depends on the warm start)
+    # diverged policy can have collapsed to near-deterministic answers whose KL reads ~0, depending on the warm start)
     assert max(r.approx_kl for r in spike) > 10 * max(r.approx_kl for r in base)
     game = list(train(tiny(cache, fault={"kind": "gameable_reward", "bonus": 5.0}), overlap="none", steps=2))
     assert game[0].reward_mean >= base[0].reward_mean
