@@ -17,6 +17,7 @@ torch, `task.rm_trainer: torch`).
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import logging
@@ -117,8 +118,24 @@ def scorer_parts(model: PreTrainedModel) -> tuple[torch.nn.Module, torch.nn.Modu
     return model.base_model, head
 
 
+@functools.cache
+def _build_code() -> str:
+    """The code and libraries that build a warm start (this module, the task's corpus, torch, transformers): part of
+    every cache key, so weights built by other code are rebuilt rather than silently reused."""
+    import transformers
+
+    from training import task
+
+    digest = hashlib.sha256()
+    for source in (Path(__file__), Path(task.__file__)):
+        digest.update(source.read_bytes())
+    digest.update(f"{torch.__version__} {transformers.__version__}".encode())
+    return digest.hexdigest()[:12]
+
+
 def _hash(*parts) -> str:
-    blob = json.dumps([p.model_dump() if hasattr(p, "model_dump") else p for p in parts], sort_keys=True)
+    blob = json.dumps([p.model_dump() if hasattr(p, "model_dump") else p for p in parts] + [_build_code()],
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
