@@ -442,27 +442,37 @@ def plot_bench(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def format_mean_se(m: dict, key: str, digits: int = 1, seeds_word: str = "") -> str:
+    """A mode's figure as `mean ± SE` over seeds; "not reached" when no seed reached it, and `(k/n)` (plus
+    `seeds_word`) when only k of the n seeds did."""
+    v, se = m.get(key), m.get(f"{key}_se")
+    if v is None:
+        return "not reached"
+    out = f"{v:.{digits}f}" + (f" ± {se:.{digits}f}" if se is not None else "")
+    reached = m.get(f"{key}_reached")
+    if reached is not None and reached < m["n_seeds"]:
+        out += f" ({reached}/{m['n_seeds']}{seeds_word})"
+    return out
+
+
+def format_ratio(r: dict | None, missing: str = "n/a", lbracket: str = "[") -> str:
+    """A per-seed ratio as `median x [min-max]` (`lbracket` "\\[" for rich markup), `missing` without a median."""
+    if not r or r.get("median") is None:
+        return missing
+    return f"{r['median']:.2f}x {lbracket}{r['min']:.2f}-{r['max']:.2f}]"
+
+
 def markdown_table(result: dict) -> str:
     """The bench's result as the markdown table docs/oppo.md shows: per variant, mean +/- SE over seeds of the
     times to the gold and proxy targets, the per-seed ratios (median [min-max]), final held-out gold and its paired
     gap to the reference, tokens, the importance weights' ESS and the stale share of trained tokens."""
     ref = result["reference"]
-    ratios = result["ratios"]
 
-    def pm(m: dict, key: str, fmt: str) -> str:
-        v, se, reached = m.get(key), m.get(f"{key}_se"), m.get(f"{key}_reached", m.get("n_seeds"))
-        if v is None:
-            return "not reached"
-        out = format(v, fmt) + (f" ± {format(se, fmt)}" if se is not None else "")
-        return out + (f" ({reached}/{m['n_seeds']} seeds)" if reached != m["n_seeds"] else "")
+    def pm(m: dict, key: str, digits: int) -> str:
+        return format_mean_se(m, key, digits, " seeds")
 
     def ratio(kind: str, label: str) -> str:
-        if label == ref:
-            return "1.00x"
-        r = ratios[kind].get(label)
-        if not r or r.get("median") is None:
-            return "not reached"
-        return f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]"
+        return "1.00x" if label == ref else format_ratio(result["ratios"][kind].get(label), missing="not reached")
 
     rows = ["| variant | time to gold target s | speedup (gold) | time to proxy target s | speedup (proxy) | "
             "step-time speedup | final held-out gold | gold - sequential (paired) | tokens generated | "
@@ -473,10 +483,10 @@ def markdown_table(result: dict) -> str:
         gap = result["final_gold_gap"].get(label)
         gap_s = "-" if gap is None else f"{gap['mean']:+.3f}" + ("" if gap["se"] is None else f" ± {gap['se']:.3f}")
         rows.append(
-            f"| {label} | {pm(m, 'time_to_gold_s', '.1f')} | {ratio('speedup_gold', label)} | "
-            f"{pm(m, 'time_to_reward_s', '.1f')} | {ratio('speedup', label)} | {ratio('step_time_speedup', label)} | "
-            f"{pm(m, 'final_gold_heldout', '.3f')} | {gap_s} | {pm(m, 'tokens_generated', '.0f')} | "
-            f"{pm(m, 'tokens_trained', '.0f')} | "
+            f"| {label} | {pm(m, 'time_to_gold_s', 1)} | {ratio('speedup_gold', label)} | "
+            f"{pm(m, 'time_to_reward_s', 1)} | {ratio('speedup', label)} | {ratio('step_time_speedup', label)} | "
+            f"{pm(m, 'final_gold_heldout', 3)} | {gap_s} | {pm(m, 'tokens_generated', 0)} | "
+            f"{pm(m, 'tokens_trained', 0)} | "
             f"{m['is_ess_mean']:.3f} / {m['is_ess_min']:.2f} | {m['stale_frac']:.3f} |")
     ld = result["load"]
     nice = f", this process at nice {ld['nice']}, autogroup {'on' if ld.get('autogroup') else 'off'}" \

@@ -10,23 +10,6 @@ import typer
 from common.errors import BadInput
 
 
-def _fmt_range(r: dict) -> str:
-    if r["median"] is None:
-        return "n/a"
-    return f"{r['median']:.2f}x \\[{r['min']:.2f}-{r['max']:.2f}]"
-
-
-def _pm(m: dict, key: str, digits: int = 1) -> str:
-    v, se = m.get(key), m.get(f"{key}_se")
-    if v is None:
-        return "not reached"
-    out = f"{v:.{digits}f}" + (f" ± {se:.{digits}f}" if se is not None else "")
-    reached = m.get(f"{key}_reached")
-    if reached is not None and reached < m["n_seeds"]:
-        out += f" ({reached}/{m['n_seeds']})"
-    return out
-
-
 def register_bench(bench_app: typer.Typer) -> None:
     @bench_app.command("oppo")
     def bench_oppo_cmd(
@@ -83,7 +66,14 @@ def register_bench(bench_app: typer.Typer) -> None:
                                   target_frac=target_frac)
         base = read_baseline(baseline, settings, "--baseline") if baseline is not None else None
         # torch: only once the config and baseline are known good, so an error is reported in about a second
-        from training.bench import DEFAULT_VARIANTS, Variant, ablation_variants, regression_check
+        from training.bench import (
+            DEFAULT_VARIANTS,
+            Variant,
+            ablation_variants,
+            format_mean_se,
+            format_ratio,
+            regression_check,
+        )
 
         n_steps, seed_list = settings["steps"], settings["seeds"]
         variants = ablation_variants() if ablation else DEFAULT_VARIANTS
@@ -107,10 +97,10 @@ def register_bench(bench_app: typer.Typer) -> None:
             one = "1.00x" if label == ref else None
             share = m["phase_share"]
             table.add_row(
-                label, _pm(m, "time_to_gold_s"), _pm(m, "time_to_reward_s"),
-                one or _fmt_range(r["speedup_gold"]), one or _fmt_range(r["speedup"]),
-                one or _fmt_range(r["step_time_speedup"]),
-                _pm(m, "final_gold_heldout", 3), _pm(m, "tokens_generated", 0), _pm(m, "tokens_trained", 0),
+                label, format_mean_se(m, "time_to_gold_s"), format_mean_se(m, "time_to_reward_s"),
+                *(one or format_ratio(r[k], lbracket="\\[") for k in ("speedup_gold", "speedup", "step_time_speedup")),
+                format_mean_se(m, "final_gold_heldout", 3), format_mean_se(m, "tokens_generated", 0),
+                format_mean_se(m, "tokens_trained", 0),
                 f"{m['step_s_mean']:.3f}", f"{m['is_ess_min']:.2f}",
                 f"{share['rollout']:.0%}/{share['score']:.0%}/{share['optim']:.0%}",
             )
