@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from scheduling.jobview import JobView
 from scheduling.workload import JOB_TYPES, Workload
 
 
@@ -35,3 +36,15 @@ def hand_workload(jobs: list[dict]) -> Workload:
         eval_se=np.full(n, 0.02),
         est_duration=np.array([j.get("est", j["duration"]) for j in jobs], float),
     )
+
+
+class StopBelowBest:
+    """A history-only stop rule without a batch form (the engine replays it job by job), mixed into a base policy:
+    stop a job whose eval fell 0.05 under its best."""
+
+    def on_checkpoint(self, view: JobView) -> bool:
+        return view.eval_history[-1] < max(view.eval_history) - 0.05
+
+    @property
+    def stop_reads_history_only(self) -> bool:
+        return True

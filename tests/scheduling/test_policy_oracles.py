@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hand_workloads import hand_workload
+from hand_workloads import StopBelowBest, hand_workload
 
 from scheduling.engine import simulate
 from scheduling.jobview import JobView
@@ -355,16 +355,8 @@ def test_backfill_is_on_by_default_and_a_job_too_big_for_the_cluster_is_refused(
     assert str(err.value) == "a job needs 3 GPUs but the cluster has 2"
 
 
-class StopBelowBestBy(FIFO):
-    """A history-only rule without a batch form (the engine replays it job by job): stop a job whose eval fell 0.05
-    under its best."""
-
-    def on_checkpoint(self, view: JobView) -> bool:
-        return view.eval_history[-1] < max(view.eval_history) - 0.05
-
-    @property
-    def stop_reads_history_only(self) -> bool:
-        return True
+class StopBelowBestBy(StopBelowBest, FIFO):
+    """FIFO placement, the history-only stop 0.05 under the best."""
 
 
 @BOTH_PATHS

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hand_workloads import hand_workload
+from hand_workloads import StopBelowBest, hand_workload
 
 from scheduling.config import NoiseConfig, WorkloadConfig
 from scheduling.engine import simulate
@@ -295,22 +295,13 @@ def test_policies_that_read_live_state_keep_one_event_per_checkpoint():
 
 
 def test_a_custom_history_only_policy_is_replayed_job_by_job_with_the_same_results():
-    class StopBelowBest(SRTFEst):
-        """Stops a job whose eval fell 0.05 under its best; declares it reads only the histories."""
-
+    class StopBelowBestSRTF(StopBelowBest, SRTFEst):
         name = "StopBelowBest"
 
-        def on_checkpoint(self, view: JobView) -> bool:
-            return view.eval_history[-1] < max(view.eval_history) - 0.05
-
-        @property
-        def stop_reads_history_only(self) -> bool:
-            return True
-
     wl = generate(WorkloadConfig(jobs=300), 5)
-    assert StopBelowBest().plan_stops(None, JOB_TYPES) is None  # no batch form: the per-job replay path
-    fast = simulate(wl, StopBelowBest(), 32)
-    ref = simulate(wl, StopBelowBest(), 32, coalesce=False)
+    assert StopBelowBestSRTF().plan_stops(None, JOB_TYPES) is None  # no batch form: the per-job replay path
+    fast = simulate(wl, StopBelowBestSRTF(), 32)
+    ref = simulate(wl, StopBelowBestSRTF(), 32, coalesce=False)
     assert fast.stopped.sum() > 10
     for field in ("end", "stopped", "busy", "best_index", "end_index", "preemptions", "first_useful"):
         np.testing.assert_array_equal(getattr(fast, field), getattr(ref, field), err_msg=field)
