@@ -30,12 +30,18 @@ class RunDirBusy(BadInput):
     failure: the caller named a directory that is in use, and waiting would only run the same job twice."""
 
 
-def _holder(path: Path) -> str:
-    try:
-        h = json.loads((path / HOLDER_NAME).read_text())
-        return f"pid {h['pid']} on {h['host']} since {time.strftime('%H:%M:%S', time.localtime(h['since']))}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "another process"
+def _holder(path: Path, wait_s: float = 2.0) -> str:
+    # the holder takes the lock first and names itself a moment later: a writer that lost the race by a few
+    # milliseconds would otherwise find no holder file yet, so wait briefly for it to appear
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            h = json.loads((path / HOLDER_NAME).read_text())
+            return f"pid {h['pid']} on {h['host']} since {time.strftime('%H:%M:%S', time.localtime(h['since']))}"
+        except (OSError, ValueError, KeyError, TypeError):
+            if time.monotonic() >= deadline:
+                return "another process"
+            time.sleep(0.05)
 
 
 @contextmanager
@@ -53,8 +59,10 @@ def locked_run_dir(path: str | Path, field: str = "out_dir") -> Iterator[Path]:
         raise RunDirBusy(f"{field}: run directory '{path}' is in use by {_holder(path)}; wait for that run to "
                          f"finish or choose another directory") from None
     try:
-        (path / HOLDER_NAME).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                                    "since": time.time()}))
+        # written aside and renamed into place, so a reader never sees half a file
+        staged = path / f"{HOLDER_NAME}.{os.getpid()}"
+        staged.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}))
+        os.replace(staged, path / HOLDER_NAME)
         yield path
     finally:
         (path / HOLDER_NAME).unlink(missing_ok=True)

@@ -168,6 +168,32 @@ def test_a_second_writer_gets_one_line_naming_the_directory_and_holder(tmp_path)
         pass
 
 
+def test_a_writer_that_loses_the_race_by_milliseconds_still_names_the_holder(tmp_path):
+    """The holder takes the lock, then names itself: a second writer arriving in between (a clean-clone CI run saw
+    'in use by another process' from two trains started together) waits briefly for the name."""
+    import json
+    import threading
+
+    from filelock import FileLock
+
+    from training.rundir import HOLDER_NAME, LOCK_NAME, RunDirBusy, locked_run_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = FileLock(run / LOCK_NAME, timeout=0, thread_local=False)
+    lock.acquire()  # held, but not yet named
+    late = threading.Timer(0.3, lambda: (run / HOLDER_NAME).write_text(
+        json.dumps({"pid": 4242, "host": "elsewhere", "since": 0.0})))
+    late.start()
+    try:
+        with pytest.raises(RunDirBusy, match="in use by pid 4242 on elsewhere"):
+            with locked_run_dir(run):
+                pass
+    finally:
+        late.join()
+        lock.release()
+
+
 def test_the_lock_is_held_across_processes_and_freed_by_kill_9(tmp_path):
     from training.rundir import RunDirBusy, locked_run_dir
 
