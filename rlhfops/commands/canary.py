@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         from eval.health import Catalog
         from infra.ledger import Ledger, PriceTable
         from infra.metrics import PlatformMetrics
-        from rlhfops.console import make_console
+        from rlhfops.console import make_console, progress
 
         chosen = list(CANARIES)
         if only:
@@ -71,16 +71,15 @@ def register(app: typer.Typer) -> None:
         rows = []
         t0 = time.perf_counter()
         try:
-            for canary in chosen:
-                with console.status(f"canary {canary.name}: training (fault at step {fault_at})") as status:
-                    def tick(step: int, _s=status, _c=canary) -> None:
-                        _s.update(f"canary {_c.name}: step {step}/{steps}")
-
-                    r = run_canary(canary, steps, fault_at, cache_dir, catalog, metrics, ledger, tick)
-                rows.append(r)
-                err = f" {r['error']}" if r["error"] else ""
-                console.print(f"{r['canary']}: {'ok' if r['ok'] else 'FAILED'} ({r['state']}, "
-                              f"{r['steps_run']} steps, {r['wall_s']:.0f} s){err}")
+            # one stage per canary: bars on a terminal, flushed done/total lines into a pipe (cron, CI)
+            with progress(console, transient=True) as bar:
+                for canary in chosen:
+                    bar.stage(f"canary {canary.name} (fault at step {fault_at})", total=steps)
+                    r = run_canary(canary, steps, fault_at, cache_dir, catalog, metrics, ledger, bar.update)
+                    rows.append(r)
+                    err = f" {r['error']}" if r["error"] else ""
+                    bar.note(f"{r['canary']}: {'ok' if r['ok'] else 'FAILED'} ({r['state']}, "
+                             f"{r['steps_run']} steps, {r['wall_s']:.0f} s){err}")
         finally:
             if server is not None:
                 server.shutdown()

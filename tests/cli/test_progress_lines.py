@@ -126,3 +126,37 @@ def test_a_terminal_gets_a_bar_not_lines():
     text = buf.getvalue()
     assert "12/30" in text and "steps  running 2" in text
     assert not any(STAMP.match(line) for line in text.splitlines())
+
+
+def test_canary_into_a_pipe_prints_a_stage_per_canary_with_its_steps(monkeypatch):
+    """`rlhfops canary` off a terminal (it ran a spinner that printed nothing into a pipe): one stage per canary
+    (0/steps), count lines as the run reports its steps, a done line with steps/steps, before the table. The run
+    itself is replaced by one that reports each step it "trains" (the command's wiring is what is tested here; the
+    canaries' training has its own tests)."""
+    from typer.testing import CliRunner
+
+    import rlhfops.commands.canary as canary_cmd
+    from rlhfops.cli import app
+
+    reported: dict[str, list[int]] = {}
+
+    def fake_run(canary, steps, fault_at, cache_dir, catalog, metrics, ledger, progress):
+        reported[canary.name] = []
+        for step in range(1, steps + 1):
+            reported[canary.name].append(step)
+            progress(step)
+        return {"canary": canary.name, "expected": "-", "fired_at": float("nan"), "paged": [], "states": [],
+                "state": "SUCCEEDED", "reason": "", "steps_run": steps, "wall_s": 0.0, "ok": True, "error": None}
+
+    monkeypatch.setattr(canary_cmd, "run_canary", fake_run)
+    res = CliRunner().invoke(app, ["canary", "--only", "control,frozen_sync", "--steps", "20", "--fault-at", "4"])
+    assert res.exit_code == 0, res.output
+    assert reported == {"control": list(range(1, 21)), "frozen_sync": list(range(1, 21))}
+    texts = [m[2] for line in res.output.splitlines() if (m := STAMP.match(line))]
+    for i, name in enumerate(("control", "frozen_sync"), start=1):
+        stage = f"canary {name} (fault at step 4)"
+        assert f"stage {i}: {stage} (0/20)" in texts
+        counts = [int(m[1]) for t in texts if (m := re.fullmatch(rf"  {re.escape(stage)}: (\d+)/20", t))]
+        assert counts == [2, 4, 6, 8, 10, 12, 14, 16, 18]
+        assert any(re.fullmatch(rf"  done: {re.escape(stage)} \(20/20\) in \d+\.\d s", t) for t in texts)
+    assert res.output.index("done: canary frozen_sync") < res.output.index("rlhfops canary")
