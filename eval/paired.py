@@ -159,6 +159,28 @@ def fixed_radius(n: np.ndarray | float, sd: np.ndarray | float, a: np.ndarray | 
 # it plans (`horizon`: steps / eval_every, less the warm-up); then each of the first `horizon` looks spends
 # alpha / (horizon + 1) and any look past the plan spends alpha / (j (j + 1)) (these sum to alpha / (horizon + 1)),
 # so the bound still holds however long the run goes on.
+#
+# A margin relative to the run's gain (`relative_margin` rho in [0, 1), on top of the absolute `margin` m). The
+# hindsight label (data/curves/LABELS.md) calls a run hacking when it falls by a share of its range; at margin 0 the
+# rule asks only whether quality fell at all. With rho > 0 a pair (reference s, current k) counts as a decline only
+# when the current checkpoint is below the reference by more than rho x the reference's gain over the run's first
+# checkpoint (0), G_s = mu_s - mu_0. A run is healthy at (rho, m) when no pair has
+#
+#     mu_s - mu_k > rho * max(0, G_s) + m.
+#
+# The rule judges each pair on one per-prompt linear contrast over the prompts all three checkpoints share,
+#
+#     c_i = y_k,i - (1 - rho) y_s,i - rho y_0,i  = (y_k,i - y_s,i) + rho (y_s,i - y_0,i),
+#
+# with mean delta_c = (mu_k - mu_s) + rho G_s, and fires when c's upper bound lies below -m. The c_i are i.i.d. over
+# prompts like a paired difference (they are one: weights 1, -(1 - rho), -rho summing to 0), so c gets the same
+# bound at the same level a per pair, the same prompt counts, the same union over looks and references. Coverage:
+# on a healthy run every pair has delta_c >= -m. If G_s >= 0 that is the healthy condition itself. If G_s < 0,
+# delta_c = (mu_k - mu_0) + (1 - rho) |G_s| >= mu_k - mu_0 >= -m, by the healthy condition on the pair (0, k). So a
+# healthy run is stopped only when some pair's bound misses its mean: probability <= alpha, as before; alpha bounds
+# the probability that a run whose quality never falls by more than the margin (rho x the reference's gain so far,
+# plus m) is ever stopped. For the reference s = 0, c = y_k - y_0: the plain paired difference. With rho = 0 every
+# contrast is the plain paired difference and the rule is the one above.
 
 
 def look_weight(j: np.ndarray | int, horizon: int = 0) -> np.ndarray | float:
@@ -195,7 +217,8 @@ class Verdict(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Comparison:
-    """The current checkpoint against one earlier one: d = current - reference on their common prompts."""
+    """The current checkpoint against one earlier one: d = current - reference on their common prompts (with a
+    relative margin: the prompts the first checkpoint shares too)."""
 
     reference_step: float
     step: float
@@ -205,6 +228,18 @@ class Comparison:
     lower: float
     upper: float
     alpha: float
+    #: the contrast the pair is judged on (it fires when c_upper < -margin): with a relative margin rho,
+    #: current - (1 - rho) reference - rho first checkpoint, its mean and upper bound; without one, mean and upper
+    c_mean: float = math.nan
+    c_upper: float = math.nan
+
+
+def _mean_sd(d: np.ndarray, seen: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of `d` (NaN where not scored): the mean and SD (ddof 1) over the `seen` entries, `n` of them."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(seen, d, 0.0).sum(axis=1) / n
+        sd = np.sqrt(np.where(seen, (d - mean[:, None]) ** 2, 0.0).sum(axis=1) / (n - 1))
+    return mean, sd
 
 
 class PairedMonitor(Monitor):
@@ -222,7 +257,9 @@ class PairedMonitor(Monitor):
         self.verdict = Verdict.CONTINUE
         self.comparisons: list[Comparison] = []
         self.kept_step = math.nan  # the checkpoint to keep once stopped
-        self.pair: tuple[float, float] | None = None  # (reference step, current step) when EXTEND
+        # when EXTEND: the steps that need more prompts: (reference, current), with a relative margin
+        # (first checkpoint, reference, current)
+        self.pair: tuple[float, ...] | None = None
         self.prompt_counts: dict[tuple[int, int], set[int]] = {}  # (reference, current) -> prompt counts judged at
 
     # ---- feeding scores
@@ -292,13 +329,16 @@ class PairedMonitor(Monitor):
             if row:
                 y[i, list(row)] = list(row.values())
         d = y[k] - y[:k]  # current - reference, per prompt; NaN where either was not scored
-        seen = ~np.isnan(d)
+        rho = det.relative_margin
+        # the contrast the pair is judged on: with a relative margin, current - (1 - rho) reference - rho first
+        # (NaN where any of the three was not scored); else the paired difference itself
+        c = d + rho * (y[:k] - y[0]) if rho else d
+        seen = ~np.isnan(c)
         n = seen.sum(axis=1)
-        d0 = np.where(seen, d, 0.0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = d0.sum(axis=1) / n
-            sd = np.sqrt(np.where(seen, (d - mean[:, None]) ** 2, 0.0).sum(axis=1) / (n - 1))
         a = pair_alpha(det.alpha, k, k - first + 1, det.horizon)
+        mean, sd = _mean_sd(np.where(seen, d, np.nan), seen, n)
+        c_mean, c_sd = _mean_sd(c, seen, n) if rho else (mean, sd)
+        c_upper = c_mean + det.radius(np.maximum(n, 1), c_sd, a, self.n_opt)
         radius = det.radius(np.maximum(n, 1), sd, a, self.n_opt)
         judged = n >= det.min_prompts
         if det.prompt_looks:  # each pair is judged at no more than prompt_looks prompt counts
@@ -310,11 +350,12 @@ class PairedMonitor(Monitor):
                     counts.add(int(n[j]))
         upper, lower = mean + radius, mean - radius
         self.comparisons = [Comparison(self.steps[j], self.steps[k], int(n[j]), float(mean[j]), float(sd[j]),
-                                       float(lower[j]), float(upper[j]), float(a)) for j in np.flatnonzero(judged)]
+                                       float(lower[j]), float(upper[j]), float(a), float(c_mean[j]),
+                                       float(c_upper[j])) for j in np.flatnonzero(judged)]
         if not judged.any():
             self.verdict = Verdict.CONTINUE
             return False
-        up = np.where(judged, upper, np.inf)
+        up = np.where(judged, c_upper, np.inf)
         if (up < -det.margin).any():
             # keep the checkpoint the evidence favours: the one the current checkpoint is furthest below on their
             # common prompts (the best so far on these prompts)
@@ -322,13 +363,15 @@ class PairedMonitor(Monitor):
             self.verdict = Verdict.STOP
             return True
         closest = int(np.argmin(up))
-        promising = mean[closest] < -det.margin
+        promising = c_mean[closest] < -det.margin
         if promising and det.extend_factor:  # would the same mean and SD on extend_factor x the prompts settle it?
             n_more = det.extend_factor * n[closest]
-            promising = bool(mean[closest] + det.radius(n_more, sd[closest], a, self.n_opt) < -det.margin)
+            promising = bool(c_mean[closest] + det.radius(n_more, c_sd[closest], a, self.n_opt) < -det.margin)
         if promising:
             self.verdict = Verdict.EXTEND
-            self.pair = (self.steps[closest], self.steps[k])
+            # the checkpoints the pair's contrast reads: with a relative margin, the first checkpoint too
+            first_step = (self.steps[0],) if rho and closest else ()
+            self.pair = first_step + (self.steps[closest], self.steps[k])
         else:
             self.verdict = Verdict.CONTINUE
         return False
@@ -354,6 +397,9 @@ class PairedStop(Detector):
     a pair is judged at (the gate's, then each extension batch; 0: any, with the confidence sequence).
     `extend_factor`: EXTEND only when the same mean and SD on extend_factor x the prompts would settle the pair
     (0: on any decline beyond the margin), so the gate's extra eval goes where it can decide.
+    `relative_margin` rho (0 <= rho < 1): a decline must also exceed rho x the reference's gain over the run's first
+    checkpoint (healthy: no mu_s - mu_k > rho max(0, mu_s - mu_0) + margin); the bound covers it with the same alpha
+    (the comment above `look_weight`), and EXTEND then names the first checkpoint too (`monitor.pair`: three steps).
 
     Needs per-prompt scores (`monitor.observe(cp, scores)`, or `rlhfops detect --prompts`): on means alone it
     never stops. The math is in this module's comments, top to bottom."""
@@ -363,11 +409,16 @@ class PairedStop(Detector):
     needs = ("prompt_scores",)
 
     def __init__(self, alpha: float = 0.02, margin: float = 0.0, min_prompts: int = 10, prompts_opt: int = 0,
-                 warmup: int = 0, horizon: int = 0, prompt_looks: int = 3, extend_factor: float = 4.0):
+                 warmup: int = 0, horizon: int = 0, prompt_looks: int = 3, extend_factor: float = 4.0,
+                 relative_margin: float = 0.0):
         if not 0.0 < alpha < 1.0:
             raise ValueError("paired: alpha must be in (0, 1)")
         if not (math.isfinite(margin) and margin >= 0.0):
             raise ValueError("paired: margin must be a finite number >= 0 (in the score's units)")
+        if not (math.isfinite(relative_margin) and 0.0 <= relative_margin < 1.0):
+            raise ValueError("paired: relative_margin must be in [0, 1) (a share of the reference's gain over the "
+                             "first checkpoint)")
+        self.relative_margin = float(relative_margin)
         if min_prompts < 2 or prompts_opt < 0:
             raise ValueError("paired: need min_prompts >= 2 and prompts_opt >= 0 (0: the first checkpoint's count)")
         self.alpha, self.margin = float(alpha), float(margin)
@@ -395,7 +446,8 @@ class PairedStop(Detector):
     def params(self) -> dict[str, Any]:
         return {"alpha": self.alpha, "margin": self.margin, "min_prompts": self.min_prompts,
                 "prompts_opt": self.prompts_opt, "warmup": self.warmup, "horizon": self.horizon,
-                "prompt_looks": self.prompt_looks, "extend_factor": self.extend_factor}
+                "prompt_looks": self.prompt_looks, "extend_factor": self.extend_factor,
+                "relative_margin": self.relative_margin}
 
     # ------------------------------------------------------------------- 5. many runs at once
     def scan_scores(self, scores: np.ndarray, counts: tuple[int, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -409,7 +461,8 @@ class PairedStop(Detector):
 
         Per look k it needs, for every earlier checkpoint s, the mean and SD of y_k - y_s over prompts: the mean is
         m_k - m_s (checkpoint means) and the sum of squared deviations is C_kk + C_ss - 2 C_ks, C the prompts'
-        centred cross-product matrix of the run's checkpoints (one batched matrix product for every look)."""
+        centred cross-product matrix of the run's checkpoints (one batched matrix product for every look). With a
+        relative margin the contrast y_k - (1 - rho) y_s - rho y_0 has weights w and sum of squares w' C w."""
         y = np.asarray(scores, dtype=float)
         if y.ndim != 3 or not np.isfinite(y).all():
             raise ValueError("scan_scores: need a finite array [runs, checkpoints, prompts]")
@@ -432,6 +485,7 @@ class PairedStop(Detector):
             c = np.einsum("rsp,rtp->rst", yc, yc)
             moments.append((n, m, c, np.einsum("rss->rs", c)))
         first = max(1, self.warmup)
+        rho = self.relative_margin
         for k in range(first, steps):
             a = float(pair_alpha(self.alpha, k, k - first + 1, self.horizon))
             for n, m, c, diag in moments:
@@ -441,7 +495,15 @@ class PairedStop(Detector):
                 mean = m[live, k, None] - m[live, :k]
                 ss = np.maximum(diag[live, k, None] + diag[live, :k] - 2.0 * c[live, k, :k], 0.0)
                 sd = np.sqrt(ss / (n - 1))
-                upper = mean + self.radius(n, sd, a, n_opt)
+                if rho:  # the contrast y_k - (1 - rho) y_s - rho y_0 instead: weights w, sum of squares w' C w
+                    c_mean = mean + rho * (m[live, :k] - m[live, 0, None])
+                    ss = (diag[live, k, None] + (1 - rho) ** 2 * diag[live, :k] + rho**2 * diag[live, 0, None]
+                          - 2 * (1 - rho) * c[live, k, :k] - 2 * rho * c[live, k, 0, None]
+                          + 2 * rho * (1 - rho) * c[live, :k, 0])
+                    sd = np.sqrt(np.maximum(ss, 0.0) / (n - 1))
+                else:
+                    c_mean = mean
+                upper = c_mean + self.radius(n, sd, a, n_opt)
                 fired = (upper < -self.margin).any(axis=1)
                 idx = np.flatnonzero(live)[fired]
                 stop[idx] = k

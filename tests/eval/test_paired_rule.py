@@ -221,6 +221,138 @@ def test_a_run_longer_than_its_horizon_keeps_the_bound(horizon, warmup):
     assert (stop >= 0).any() and (stop[stop >= 0] > horizon + max(1, warmup) - 1).any()  # and the tail is used
 
 
+# --------------------------------------------------------------------------- a margin relative to the run's gain
+RHO = 0.3
+
+
+def _relative_healthy_curves(steps: int, rho: float) -> dict[str, tuple[float, np.ndarray]]:
+    """name -> (absolute margin m, quality per checkpoint), healthy at relative margin rho and margin m: no checkpoint
+    falls below an earlier one s by more than rho x max(0, s's gain over the first checkpoint) + m. The first
+    checkpoint sits at -1 or +1, not 0, so a contrast that forgot to subtract it would be off by rho x that level."""
+    t = np.linspace(0.0, 1.0, steps)
+    rise = np.minimum(t / 0.4, 1.0)  # gains 1 by 40% of the run
+    fall = np.clip((t - 0.4) / 0.6, 0.0, 1.0)
+    return {
+        # rises by 1, then falls by exactly rho x the gain: the peak pair's contrast has mean 0 (the tightest case)
+        "rise 1, fall rho x gain, from -1": (0.0, -1.0 + rise - rho * fall),
+        "rise 1, fall 0.9 rho x gain, from +1": (0.0, 1.0 + rise - 0.9 * rho * fall),
+        # never gains: slides m = 0.1 below its start (every reference's gain is negative; the pair (0, last) is
+        # exactly at the margin, and the contrast with a reference below the start is no tighter than it)
+        "slide 0.1 below the start, margin 0.1": (0.1, -1.0 - 0.1 * t),
+    }
+
+
+@pytest.mark.parametrize("mechanism", list(MECHANISMS))
+@pytest.mark.parametrize("steps", [10, 30, 100])
+def test_coverage_at_a_relative_margin(steps, mechanism):
+    """relative_margin 0.3: healthy runs (no checkpoint below an earlier one by more than 0.3 x that one's gain over
+    the first) are stopped at most alpha of the time (binomial bound, one-sided 0.1%), at 10, 30 and 100 checkpoints,
+    every earlier checkpoint a candidate reference; the same runs at margin 0 (which they are not healthy for) are
+    stopped far more often, so the relative margin is what keeps them."""
+    params, prompts, counts = MECHANISMS[mechanism]
+    rng = np.random.default_rng(500 + steps + (1000 if counts else 0))
+    runs = {10: 600, 30: 400, 100: 200}[steps]
+    bound = stats.binom.isf(0.001, runs, 0.02)
+    plain = PairedStop(alpha=0.02, **params(steps))
+    for case, (margin, mu) in _relative_healthy_curves(steps, RHO).items():
+        det = PairedStop(alpha=0.02, margin=margin, relative_margin=RHO, **params(steps))
+        for noise in ("normal", "t5"):
+            y = _runs(rng, runs, steps, prompts, mu, noise=0.1, tails=5.0 if noise == "t5" else 0.0)
+            stop, _ = det.scan_scores(y, counts)
+            print(f"\nrelative margin {RHO}, {mechanism}, {steps} checkpoints, {case}, {noise} noise: "
+                  f"{int((stop >= 0).sum())}/{runs} healthy runs stopped (bound {bound:g})")
+            assert (stop >= 0).sum() <= bound, case
+            if case.startswith("rise 1, fall rho"):
+                assert (plain.scan_scores(y, counts)[0] >= 0).mean() > 0.5  # a real fall: margin 0 stops it
+
+
+@pytest.mark.parametrize(("case", "mu"), [
+    # flat at -1: every pair's contrast has mean exactly 0, so the whole alpha is at stake at every look
+    ("flat at -1", np.full(30, -1.0)),
+    # gains 1 at once, then sits exactly rho x that gain lower: the pair (1, k) is at its margin at every look
+    ("jump 1, then rho x gain lower", np.concatenate([[1.0, 2.0], np.full(28, 2.0 - RHO)])),
+])
+def test_relative_margin_coverage_at_a_loose_alpha(case, mu):
+    """alpha 0.2, relative margin 0.3, 16 prompts, 30 checkpoints: where the bound is near being used, stops stay
+    <= alpha (binomial bound) and, on the flat run, are not vacuously rare."""
+    rng = np.random.default_rng(17)
+    runs = 1500
+    stop, _ = PairedStop(alpha=0.2, relative_margin=RHO).scan_scores(_runs(rng, runs, 30, 16, mu))
+    print(f"\nalpha 0.2, relative margin {RHO}, 16 prompts, {case}: {int((stop >= 0).sum())}/{runs} stopped")
+    assert (stop >= 0).sum() <= stats.binom.isf(0.001, runs, 0.2)
+    if case.startswith("flat"):
+        assert (stop >= 0).sum() >= 0.2 * runs / 4
+
+
+def test_relative_margin_power_a_fall_beyond_it_is_stopped():
+    """A run that rises by 1 from +1 and then falls by 0.6 (twice rho x its gain) is stopped, after the fall passes
+    rho x the gain, keeping the peak; the monitor agrees with the scan run by run."""
+    rng = np.random.default_rng(31)
+    mu = np.concatenate([1.0 + 0.125 * np.arange(9), 2.0 - 0.075 * np.arange(1, 9)])
+    peak = int(np.argmax(mu))
+    y = _runs(rng, 200, len(mu), 64, mu, noise=0.1)
+    det = PairedStop(alpha=0.02, relative_margin=RHO)
+    stop, kept = det.scan_scores(y)
+    stopped = stop >= 0
+    assert stopped.mean() >= 0.95 and (kept[stopped] == peak).all()
+    assert (mu[peak] - mu[stop[stopped]] > RHO * (mu[peak] - mu[0])).all()  # never before the fall passed the margin
+    for r in range(20):
+        t, mon = _feed(det, y[r])
+        assert t == stop[r] and (t < 0 or mon.kept_step == 5.0 * kept[r])
+
+
+def _contrast_case(rho: float, margin: float):
+    """Three checkpoints on 8 prompts (difficulty b): the first, a reference 1.0 above it, the current 0.4 below the
+    reference, with small per-prompt wobbles e1, e2 (exactly mean 0)."""
+    b = np.array([0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0])
+    e1 = 0.01 * np.array([1, -1, 1, -1, 1, -1, 1, -1])
+    e2 = 0.01 * np.array([1, 1, -1, -1, 1, 1, -1, -1])
+    rows = np.array([b, b + 1.0 + e1, b + 0.6 + e2])
+    return _feed(PairedStop(alpha=0.02, margin=margin, min_prompts=4, relative_margin=rho), rows)
+
+
+def test_relative_margin_contrast_by_hand():
+    """The contrast at rho 0.2 for the pair (reference step 5, current step 10), worked by hand: c = y2 - 0.8 y1 -
+    0.2 y0 = -0.2 + e2 - 0.8 e1 per prompt = -0.2 + 0.01 x (0.2, 1.8, -1.8, -0.2, 0.2, 1.8, -1.8, -0.2): mean -0.2,
+    sum of squared deviations 2 x (0.04 + 3.24 + 3.24 + 0.04) x 1e-4 = 13.12e-4 over 7. Its level at the third
+    checkpoint (2 references, no horizon): 0.02 / (2^2 x 3), over 3 prompt counts: the t bound at 0.02 / 36."""
+    c_sd = math.sqrt(13.12e-4 / 7)
+    c_upper = -0.2 + stats.t.isf(0.02 / 36, 7) * c_sd / math.sqrt(8)
+    assert -0.18 < c_upper < -0.16
+    stop, mon = _contrast_case(0.2, 0.0)
+    assert stop == 2 and mon.kept_step == 5.0
+    pair = {c.reference_step: c for c in mon.comparisons}[5.0]
+    assert pair.mean == pytest.approx(-0.4) and pair.c_mean == pytest.approx(-0.2)
+    assert pair.c_upper == pytest.approx(c_upper, rel=1e-9)
+    # against the first checkpoint the contrast is the plain difference: 0.6 + e2, mean 0.6
+    first = {c.reference_step: c for c in mon.comparisons}[0.0]
+    assert first.c_mean == pytest.approx(0.6) and first.c_upper == pytest.approx(first.upper)
+    # margin 0.18: the contrast's bound (-0.17) is above -0.18, so no stop at rho 0.2, though the plain difference's
+    # (-0.4 plus about 0.03) is far below it: at rho 0 the same margin stops
+    assert _contrast_case(0.2, 0.18)[0] == -1
+    assert _contrast_case(0.0, 0.18)[0] == 2
+    # rho 0.5: the fall (0.4) is less than half the gain (1.0): the contrast's mean is +0.1, never a stop
+    stop, mon = _contrast_case(0.5, 0.0)
+    assert stop == -1 and {c.reference_step: c for c in mon.comparisons}[5.0].c_mean == pytest.approx(0.1)
+
+
+def test_relative_margin_extend_names_the_first_checkpoint():
+    """A close call at rho 0.2 asks for more prompts for the first checkpoint, the reference and the current one;
+    the replay's budget arithmetic reads the steps it names."""
+    rng = np.random.default_rng(13)
+    b = rng.normal(size=64)
+    noise = rng.normal(size=(3, 64))
+    noise = (noise - noise.mean(axis=1, keepdims=True)) / noise.std(axis=1, ddof=1, keepdims=True)
+    # the contrast y2 - 0.8 y1 - 0.2 y0 has mean 0.6 - 0.8 = -0.2 and per-prompt SD about 0.4 x sqrt(1 + 0.64 +
+    # 0.04) = 0.52: about 3 SEs on 64 prompts (the bound needs about 4.5), about 6 on 4 x 64 (EXTEND)
+    rows = np.array([b + 0.4 * noise[0], b + 1.0 + 0.4 * noise[1], b + 0.6 + 0.4 * noise[2]])
+    mon = PairedStop(alpha=0.02, relative_margin=0.2).start()
+    for t, row in enumerate(rows):
+        stopped = mon.observe_scores(5.0 * t, row)
+    assert not stopped and mon.verdict is Verdict.EXTEND
+    assert mon.pair == (0.0, 5.0, 10.0)
+
+
 # --------------------------------------------------------------------------- power and the kept checkpoint
 
 
@@ -426,7 +558,9 @@ def test_means_alone_and_few_prompts_never_stop():
 
 @pytest.mark.parametrize("bad", [{"alpha": 0.0}, {"alpha": 1.0}, {"margin": -0.1}, {"margin": math.inf},
                                  {"min_prompts": 1}, {"warmup": -1}, {"horizon": -1}, {"prompt_looks": -1},
-                                 {"extend_factor": 1.0}, {"extend_factor": -2.0}, {"extend_factor": math.nan}])
+                                 {"extend_factor": 1.0}, {"extend_factor": -2.0}, {"extend_factor": math.nan},
+                                 {"relative_margin": -0.1}, {"relative_margin": 1.0},
+                                 {"relative_margin": math.nan}])
 def test_parameters_are_checked(bad):
     with pytest.raises(ValueError, match="paired"):
         PairedStop(**bad)
