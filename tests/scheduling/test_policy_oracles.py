@@ -562,3 +562,113 @@ def test_one_pass_backfills_every_job_that_fits(coalesce):
                         one_cp(arrival=3.0, duration=3.0)])
     res = simulate(wl, FIFO(), gpus=4, coalesce=coalesce)
     assert res.end.tolist() == [10.0, 5.0, 15.0, 8.0, 8.0]
+
+
+# ------------------------------------------------------------------ eviction scans over stale running-heap keys
+@BOTH_PATHS
+def test_a_finished_job_left_on_top_of_the_running_heap_does_not_end_the_eviction_scan(coalesce):
+    """SRTF, 1 GPU. X (estimate 1000, truly 1 min) runs 0-1 and leaves the worst key (1000) in the running heap. A (100
+    min) starts at 2. B (10 min) arrives at 10: the scan drops X's stale key and goes on to A (98 - 8 = 92 left,
+    worse than 10): A is evicted. B runs 10-20; A resumes at 20, pays 2 min and trains its 92: ends at 114."""
+    wl = hand_workload([one_cp(arrival=0.0, duration=1.0, est=1000.0), one_cp(arrival=2.0, duration=100.0),
+                        one_cp(arrival=10.0, duration=10.0)])
+    res = simulate(wl, SRTFEst(), gpus=1, coalesce=coalesce)
+    assert res.end.tolist() == [1.0, 114.0, 20.0] and res.preemptions.tolist() == [0, 1, 0]
+
+
+@BOTH_PATHS
+def test_a_running_job_whose_key_was_refreshed_stays_visible_when_the_running_heap_is_compacted(coalesce):
+    """SRTF, 2 GPUs. X (1000 min) and B (20 min) start at 0. H (estimate 992, 1 min) arrives at 10 with no GPU free:
+    X's key (1000, from its start) is refreshed with its 10 min of service to 990, better than 992: no eviction, and X
+    now holds its second running-heap key. H runs 20-21 after B. Then 66 one-minute jobs run back to back on the
+    second GPU (job k from 21 + k), each leaving a stale key: when the 66th starts (86) the heap (B's, H's, 65 stale
+    and 1 live short key, X's) holds 69 > 2 x 2 + 64 keys and is compacted: X's key must survive. Y (1 min) arrives at
+    86.5 with no GPU free: X (1000 - 86.5 = 913.5 left) is evicted; Y runs 86.5-87.5. X restarts at 87 on the GPU the
+    last short frees, pays 2 min and trains its 913.5: ends at 1002.5."""
+    short = 66
+    jobs = [one_cp(arrival=0.0, duration=1000.0), one_cp(arrival=0.0, duration=20.0),
+            one_cp(arrival=10.0, duration=1.0, est=992.0)]
+    jobs += [one_cp(arrival=21.0 + k, duration=1.0) for k in range(short)] + [one_cp(arrival=86.5, duration=1.0)]
+    res = simulate(hand_workload(jobs), SRTFEst(), gpus=2, coalesce=coalesce)
+    assert res.end.tolist() == [1002.5, 20.0, 21.0] + [22.0 + k for k in range(short)] + [87.5]
+    assert res.preemptions.tolist() == [1] + [0] * (short + 3)
+
+
+@BOTH_PATHS
+def test_eviction_during_a_restart_overhead_credits_no_service(coalesce):
+    """SRTF, 1 GPU, restart overhead 2 min. A (100 min) runs 0-10; P (5 min) evicts it at 10 and runs 10-15. A
+    restarts at 15 with 90 left and pays its overhead until 17. H (estimate 89.5, 10 min) arrives at 16: A has trained
+    nothing since 15 (the overhead is no service, and none is taken back), so its 90 is worse than 89.5: A is evicted
+    again. H runs 16-26; A restarts at 26, pays 2 and trains 90: ends at 118, having held the GPU 10 + 1 + 92 = 103."""
+    wl = hand_workload([one_cp(arrival=0.0, duration=100.0), one_cp(arrival=10.0, duration=5.0),
+                        one_cp(arrival=16.0, duration=10.0, est=89.5)])
+    res = simulate(wl, SRTFEst(), gpus=1, coalesce=coalesce)
+    assert res.end.tolist() == [118.0, 15.0, 26.0] and res.preemptions.tolist() == [2, 0, 0]
+    assert res.busy.tolist() == [103.0, 5.0, 10.0]
+
+
+@BOTH_PATHS
+def test_a_failed_eviction_during_a_restart_overhead_leaves_the_job_its_true_rank(coalesce):
+    """SRTF, 3 GPUs, restart overhead 2 min. E (2 GPUs, estimate 30, truly 16 min) and C (1 GPU, 100 min) start at 0.
+    P (5 min) arrives at 10 and evicts C (90 left): P runs 10-15, C restarts at 15 and pays its overhead until 17.
+    H (2 GPUs, 50 min) arrives at 15.5: it would need C's GPU and one of E's, but E (14.5 left) ranks better: no
+    eviction, H waits. E ends at 16: H runs 16-66. N (estimate 90.25, 10 min) arrives at 16.5, still within C's
+    overhead: C has 90 left (no service since 15, none taken back by the failed scan), better than 90.25: no eviction.
+    C ends at 17 + 90 = 107; N runs 66-76 (the first GPUs free)."""
+    wl = hand_workload([one_cp(arrival=0.0, duration=16.0, est=30.0, gpus=2), one_cp(arrival=0.0, duration=100.0),
+                        one_cp(arrival=10.0, duration=5.0), one_cp(arrival=15.5, duration=50.0, gpus=2),
+                        one_cp(arrival=16.5, duration=10.0, est=90.25)])
+    res = simulate(wl, SRTFEst(), gpus=3, coalesce=coalesce)
+    assert res.end.tolist() == [16.0, 107.0, 15.0, 66.0, 76.0]
+    assert res.preemptions.tolist() == [0, 1, 0, 0, 0]
+
+
+@BOTH_PATHS
+def test_service_in_the_first_minute_of_a_segment_counts_at_an_eviction_check(coalesce):
+    """SRTF, 1 GPU. A (100 min) starts at 0; B (estimate 99.75, 10 min) arrives at 0.5, when A has 99.5 left: A ranks
+    better and keeps the GPU (ends 100); B runs 100-110."""
+    wl = hand_workload([one_cp(arrival=0.0, duration=100.0), one_cp(arrival=0.5, duration=10.0, est=99.75)])
+    res = simulate(wl, SRTFEst(), gpus=1, coalesce=coalesce)
+    assert res.end.tolist() == [100.0, 110.0] and res.preemptions.tolist() == [0, 0]
+
+
+@BOTH_PATHS
+def test_gpus_an_eviction_frees_beyond_the_heads_need_go_to_the_next_waiting_job_at_once(coalesce):
+    """SRTF, 2 GPUs. A (2 GPUs, 100 min) starts at 0. D (1 GPU, estimate 96, 20 min) arrives at 5: A's 95 left ranks
+    better, D waits. B (1 GPU, 5 min) arrives at 10 and evicts A (90 left), which frees 2 GPUs for B's 1: in the same
+    pass A (90, the best waiting) does not fit in the one left and cannot evict B, so D is backfilled at 10. At 15 B
+    ends: A needs one more GPU and D (96 - 5 = 91 left) ranks worse: D is evicted. A restarts at 15, pays 2, trains
+    90: ends 107; D restarts at 107, pays 2, trains its 15 left: ends 124."""
+    wl = hand_workload([one_cp(arrival=0.0, duration=100.0, gpus=2), one_cp(arrival=5.0, duration=20.0, est=96.0),
+                        one_cp(arrival=10.0, duration=5.0)])
+    res = simulate(wl, SRTFEst(), gpus=2, coalesce=coalesce)
+    assert res.end.tolist() == [107.0, 124.0, 15.0] and res.preemptions.tolist() == [1, 1, 0]
+    assert res.busy.tolist() == [10.0 + 92.0, 5.0 + 17.0, 5.0]
+
+
+# EvalSched (one event per checkpoint on both paths): J (1 GPU, 40 min, checkpoints every 10 min, evals 0.5, 0.6, 0.55,
+# 0.5) goes post-peak at 30: its rank jumps from 40 - 30 = 10 to 10 + 1e9 and a second running-heap key is pushed,
+# leaving its first (40, from its start at 0) behind, stale. K (1 GPU, 60 min) runs 0-60 beside it on 2 GPUs.
+POST_PEAK_J = dict(arrival=0.0, duration=40.0, cps=quarters([0.5, 0.6, 0.55, 0.5]))
+
+
+@BOTH_PATHS
+def test_a_stale_key_from_before_a_restart_never_makes_the_job_a_victim_twice(coalesce):
+    """As above, plus W (estimate 200, 10 min), waiting since 5 (K's 55 and J's 35 rank better). At 30 post-peak J is
+    evicted for W (W 30-40) and restarts at 40 (overhead until 42). H (2 GPUs, 30 min) arrives at 41: J (still 1e9 +
+    10: no service in its overhead) is a victim for one GPU, but K (19 left) ranks better than H's 30, and J's stale
+    first key must not count J a second time: no eviction. J ends at 42 + 10 = 52, K at 60; H runs 60-90."""
+    wl = hand_workload([POST_PEAK_J, one_cp(arrival=0.0, duration=60.0), one_cp(arrival=5.0, duration=10.0, est=200.0),
+                        one_cp(arrival=41.0, duration=30.0, gpus=2)])
+    res = simulate(wl, EvalSched(), gpus=2, coalesce=coalesce)
+    assert res.end.tolist() == [52.0, 60.0, 40.0, 90.0] and res.preemptions.tolist() == [1, 0, 0, 0]
+
+
+@BOTH_PATHS
+def test_a_refreshed_key_never_revives_a_stale_one(coalesce):
+    """As above without W. H (2 GPUs, 30 min) arrives at 35: J's key (10 + 1e9 from 30) is refreshed with its 5 min of
+    service since (5 + 1e9) and J is a victim for one GPU; K (60 - 35 = 25 left) ranks better than H: no eviction, and
+    J's stale first key (40) must not come back to count J twice. J ends at 40, K at 60; H runs 60-90."""
+    wl = hand_workload([POST_PEAK_J, one_cp(arrival=0.0, duration=60.0), one_cp(arrival=35.0, duration=30.0, gpus=2)])
+    res = simulate(wl, EvalSched(), gpus=2, coalesce=coalesce)
+    assert res.end.tolist() == [40.0, 60.0, 90.0] and res.preemptions.tolist() == [0, 0, 0]
