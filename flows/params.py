@@ -89,9 +89,10 @@ def platform_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
 
 def round_requests(jobs: list[Any], *, steps: int, slots: int, gpu_kind: str = "cpu", alerts: str | None = None,
                    alert_profile: str | None = None, out_dir: str = "results/platform",
-                   cache_dir: str = "runs/.cache") -> list[JobRequest]:
-    """A platform round's `jobs` as `JobRequest`s (each job's run directory `out_dir/<tenant>/<name>`, no gate
-    detector: the round's scheduler stops jobs), checked before anything starts. BadInput names `jobs[i].<field>`."""
+                   cache_dir: str = "runs/.cache", detector: Any = None) -> list[JobRequest]:
+    """A platform round's `jobs` as `JobRequest`s (each job's run directory `out_dir/<tenant>/<name>`, its gate
+    `detector`: the round scheduler's early-stop rule, `scheduler_gate`; None: no gate), checked before anything
+    starts. BadInput names `jobs[i].<field>`."""
     if not isinstance(jobs, list) or not all(isinstance(j, dict | RoundJob) for j in jobs):
         raise BadInput("jobs: every entry must be an object {tenant, name, overrides, gpus, steps_factor}")
     out: list[JobRequest] = []
@@ -109,9 +110,24 @@ def round_requests(jobs: list[Any], *, steps: int, slots: int, gpu_kind: str = "
         job_steps = max(4, round(steps * float(job.steps_factor)))
         out.append(parse_request({"config": platform_job_config(job_steps, cache_dir), "overrides": job.overrides,
                                   "tenant": job.tenant, "name": job.name, "overlap": "full", "steps": job_steps,
-                                  "gpus": job.gpus, "cluster_gpus": slots, "gpu_kind": gpu_kind, "detector": None,
+                                  "gpus": job.gpus, "cluster_gpus": slots, "gpu_kind": gpu_kind, "detector": detector,
                                   "alerts": alerts, "alert_profile": alert_profile, "out_root": out_dir}, source))
     return out
+
+
+def scheduler_gate(scheduler: str) -> Any:
+    """The round's jobs' gate detector: the early-stop part of `scheduler` as a `training.request.DetectorSpec`
+    (`Paired+SRTF` -> paired with the platform's margin, `EvalStop(k=3)+SJF` -> evalstop(k=3)), or None for a bare
+    base policy. Each job's request carries it, so its supervisor's detector is built by the one builder, with the
+    platform's settings (`training.request.DETECTOR_DEFAULTS`). BadInput names `scheduler`."""
+    from scheduling.policies import scheduler_detector
+    from training.request import parse_detector
+
+    try:
+        part = scheduler_detector(scheduler)
+    except ValueError as err:
+        raise BadInput(f"scheduler: {err}") from None
+    return None if part is None else parse_detector({"name": part[0], "params": part[1]}, "scheduler")
 
 
 def check_round(requests: list[JobRequest]) -> list[Any]:

@@ -1,7 +1,8 @@
 """`platform_round`: a live multi-tenant round. Real small PPO jobs from several tenants share a fixed pool of
-GPU worker slots; the same scheduler objects the simulator uses (`scheduling.policies.parse_scheduler`: a
-base policy inside the EarlyStop wrapper with the platform's default detector) decide which queued job
-starts next and whether a running job stops at its eval-gate checkpoints.
+GPU worker slots; the same scheduler names the simulator uses (`scheduling.policies.parse_scheduler`: a
+base policy inside the EarlyStop wrapper with a detector) decide which queued job starts next (the base policy)
+and whether a running job stops at its eval-gate checkpoints (the detector, carried by each job's request and built
+into its supervisor by `training.request.build`, as for every entry point).
 
 What the scheduler sees is a `scheduling.jobview.JobView` filled from the live run (progress, attained
 service in steps, the eval gate's score and standard error, the proxy reward and the policy loss at each
@@ -28,14 +29,20 @@ from prefect.futures import as_completed
 from common.errors import BadInput
 from common.validate import check_out_dir
 from flows import progress
-from flows.params import DEFAULT_JOBS, check_round, platform_job_config, round_requests  # noqa: F401 - re-exported
+from flows.params import (  # noqa: F401 - re-exported
+    DEFAULT_JOBS,
+    check_round,
+    platform_job_config,
+    round_requests,
+    scheduler_gate,
+)
 from infra import tracking as T
 from infra.provision import gpu_slots, task_runner
 from scheduling.live import LiveRound
 from tasks.timing import clock
 from tasks.tracking import parent_run
 from tasks.training import PrefectJobHooks
-from training.lifecycle import JOB_DONE, job_record, paused_run, reopen_paused, run_job
+from training.lifecycle import JOB_DONE, ended_by, job_record, paused_run, reopen_paused, run_job
 from training.request import JobRequest, build
 
 
@@ -94,16 +101,16 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
     with clock.span("tracking"):
         run_id, _ = T.open_run(f"{rc.flow_run_id}/{job}", job, rc.mlflow_experiment, rc.parent_run_id,
                                tags={T.KIND_TAG: "platform_job", T.TENANT_TAG: tenant})
-    # the round's scheduler rule is the job's gate, fitted to its planned looks by the one builder
-    jspec, sup = build(request, checked, run_id=run_id, ledger=rc.ledger, resume=paused,
-                       gate=getattr(observe, "gate_detector", None))
+    # the job's gate is its request's detector (the round scheduler's rule), fitted to its planned looks by the one
+    # builder, as for every other entry point
+    jspec, sup = build(request, checked, run_id=run_id, ledger=rc.ledger, resume=paused)
     if hasattr(observe, "attach"):  # the round reads this supervisor's verdicts
         observe.attach(sup)
     started = time.time()
     outcome = run_job(jspec, observe, hooks=PrefectJobHooks(run_id, rc.slots, rc.retry_delay_s), supervisor=sup)
     status, best = outcome.status, outcome.best
     verdict = observe.verdict() if hasattr(observe, "verdict") else {}
-    gate = getattr(sup.gate_detector, "name", None)
+    gate = request.detector.label if request.detector is not None else None
     (out / JOB_DONE).write_text(json.dumps({**job_record(outcome), "tenant": tenant, "name": request.name,
                                             "detector": gate, "evidence": verdict.get("evidence"),
                                             "overlap": request.overlap, "gpus": request.gpus}, default=float))
@@ -113,10 +120,12 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
                "tokens_generated": totals.tokens_generated if totals else 0,
                "best_eval": best["eval_score"] if best else float("nan"),
                "jct_s": outcome.slot_end - rc.round_start, "run_s": outcome.slot_end - started}
+    # what ended the job: completed, stopped at a checkpoint (paused, resumable), or failed by a paging alert at a step
+    decision = ended_by(outcome)
     with clock.span("tracking"):
         T.log_metrics(run_id, metrics)
         T.set_tags(run_id, {**(paused.tags() if paused is not None else {}),
-                            "run_state": status.label, "decision": outcome.decision,
+                            "run_state": status.label, "decision": decision,
                             "alerts": json.dumps([e.alert for e in sup.events]),
                             "failure_class": status.failure.value if status.failure else "",
                             "best_checkpoint": best["checkpoint"] if best else "",
@@ -124,10 +133,6 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
                             "pause_evidence": json.dumps(verdict.get("evidence"), default=float)[:5000]
                             if verdict.get("evidence") else ""})
         T.finish(run_id, "FAILED" if status.failure else "FINISHED")
-    # a job its gate paused (the supervisor's verdict) was stopped at that checkpoint, resumable; an alert that
-    # paged keeps its own decision
-    gate_paused = outcome.decision == "paused" and status.state.value == "PAUSED_BY_GATE"
-    decision = "stopped" if outcome.decision == "stopped" or gate_paused else outcome.decision
     stopped_at = outcome.records[-1]["step"] if decision == "stopped" and outcome.records else None
     return {"tenant": tenant, "job": request.name, "gpus": request.gpus, "decision": decision,
             "pause_evidence": json.dumps(verdict.get("evidence"), default=float) if verdict.get("evidence") else "",
@@ -141,7 +146,7 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
 @flow(name="platform-round", task_runner=task_runner("thread", 8), log_prints=False)
 def platform_round(
     jobs: list[dict[str, Any]] | None = None,
-    scheduler: str = "Paired(margin=0.1)+SRTF",
+    scheduler: str = "Paired+SRTF",
     slots: int = 2,
     steps: int = 24,
     gpu_kind: str = "cpu",
@@ -157,12 +162,14 @@ def platform_round(
 ) -> dict[str, Any]:
     """Run a live round: `jobs` ({tenant, name, overrides, gpus?, steps_factor?}; default: five tenants) are
     queued at once and placed on `slots` GPU worker slots by `scheduler` (any simulator name, e.g.
-    `Paired(margin=0.1)+SRTF`, `NoisePatience+SRTF`, `EvalStop+SJF`, `FIFO`): its base policy places them, its detector
-    (default the paired rule on the gate's per-prompt scores, pausing only for a decline beyond 0.1 in gold units) is
-    each job's eval gate, run by the job's supervisor; a job the gate stops is
-    paused (PAUSED_BY_GATE) with its best checkpoint kept and the evidence in its record. `resume_paused`: run only
-    the jobs of `jobs` that an earlier round in `out_dir` paused, each continued from its kept checkpoint (the
-    scheduler's detector watches the continuation afresh); the others are left as they are."""
+    `Paired+SRTF`, `Paired(margin=0.05)+SRTF`, `NoisePatience+SRTF`, `EvalStop+SJF`, `FIFO`): its base policy places
+    them, its detector is each job's eval gate (the `detector` of the job's request, so with the platform's settings
+    for what the name leaves out: `training.request.DETECTOR_DEFAULTS`; default the paired rule on the gate's
+    per-prompt scores, pausing only for a decline beyond its margin of 0.1 in gold units), run by the job's
+    supervisor; a job the gate stops is paused (PAUSED_BY_GATE) with its best checkpoint kept and the evidence in its
+    record; jobs.csv's `decision` says what ended each job (`completed`, `stopped`, `failed: kl_blowup at step 9`).
+    `resume_paused`: run only the jobs of `jobs` that an earlier round in `out_dir` paused, each continued from its
+    kept checkpoint (the scheduler's detector watches the continuation afresh); the others are left as they are."""
     from infra.ledger import Ledger, load_prices
     from scheduling.jobview import JobView
     from scheduling.policies import parse_scheduler
@@ -171,9 +178,10 @@ def platform_round(
         policy = parse_scheduler(scheduler)
     except ValueError as err:
         raise BadInput(f"scheduler: {err}") from None
+    gate = scheduler_gate(scheduler)  # each job's request carries the rule, with the platform's settings
     check_out_dir(out_dir, "out_dir")
     requests = round_requests(jobs or DEFAULT_JOBS, steps=steps, slots=slots, gpu_kind=gpu_kind, alerts=alerts,
-                              alert_profile=alert_profile, out_dir=out_dir, cache_dir=cache_dir)
+                              alert_profile=alert_profile, out_dir=out_dir, cache_dir=cache_dir, detector=gate)
     checked = check_round(requests)
     paused = [paused_run(r.out_dir) if resume_paused else None for r in requests]
     if resume_paused:
@@ -186,8 +194,8 @@ def platform_round(
     cfgs = [c.config for c in checked]
     prices = load_prices()
     with parent_run("platform", f"platform round ({scheduler})", mlflow_experiment, parent_run_id, tenant="platform",
-                    params={"scheduler": scheduler, "slots": slots, "steps": steps, "jobs": len(requests),
-                            "resume_paused": resume_paused},
+                    params={"scheduler": scheduler, "detector": gate.label if gate is not None else "none",
+                            "slots": slots, "steps": steps, "jobs": len(requests), "resume_paused": resume_paused},
                     retry_delay_s=retry_delay_s) as run:
         tenants = list(dict.fromkeys(r.tenant for r in requests))
         views = [JobView(i, "rlhf", tenants.index(r.tenant), r.gpus, 0.0, float(c.steps))
@@ -195,7 +203,8 @@ def platform_round(
         rc = RoundContext(out_dir=out_dir, flow_run_id=run.ctx[T.FLOW_RUN_TAG], mlflow_experiment=mlflow_experiment,
                           parent_run_id=run.run_id, ledger=Ledger(prices), slots=gpu_slots(slots, slot_limit),
                           retry_delay_s=retry_delay_s, round_start=time.time())
-        live = LiveRound(policy, views, [r.gpus for r in requests], slots)
+        # the base policy places the jobs; the early-stop rule is each job's gate, built from its request
+        live = LiveRound(policy.base, views, [r.gpus for r in requests], slots)
         warm_starts(cfgs)
         progress.reporter.stage(f"platform round: {len(requests)} jobs on {slots} slots ({scheduler})",
                                 total=len(requests))

@@ -96,7 +96,9 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
     with locked_run_dir(out, "run_dir"), parent_run(
             "rlhf_job", job, request.mlflow_experiment, internals.parent_run_id, tenant=tenant,
             params={"config": request.config_label, "overlap": request.overlap, "gpus": request.gpus,
-                    "gpu_kind": request.gpu_kind, "detector": request.detector, **flatten(resolved)},
+                    "gpu_kind": request.gpu_kind,
+                    "detector": request.detector.label if request.detector is not None else "none",
+                    **flatten(resolved)},
             fail_rate=internals.fail_rate, fault_seed=internals.fault_seed, retry_delay_s=internals.retry_delay_s,
             failure_tags=failure_tags) as run:
         if paused is not None:  # continue from the kept checkpoint
@@ -160,8 +162,9 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
                              str(out / "metrics.csv")]
                   + ([str(out / "gate_records.csv")] if (out / "gate_records.csv").is_file() else []),
                   status="FAILED" if status.state is RunState.FAILED else "FINISHED")
+        gate = request.detector.label if request.detector is not None else None
         (out / JOB_DONE).write_text(json.dumps({**job_record(outcome), "tenant": tenant, "name": name,
-                                                "detector": request.detector, "overlap": request.overlap,
+                                                "detector": gate, "overlap": request.overlap,
                                                 "gpus": request.gpus}))
     summary = {"job": job, "tenant": tenant, "run_id": run_id, "state": status.label, "decision": outcome.decision,
                "failure_class": failure, "reason": reason, "best": best, "registry": registry,

@@ -12,8 +12,10 @@ slots, and whether a running job stops at a checkpoint. The same policy objects 
 
 One supervisor, one detector: a policy wrapped by an early-stop detector (`NoisePatience+SRTF`, `Paired+SRTF`) places
 jobs by its base policy, and its detector is not run here: each job's `eval.supervisor.RunSupervisor` runs it as
-its eval gate (`supervise(i, supervisor)` installs it when the job's request named none), on the same evidence the
-gate sees (the means, and the per-prompt scores a paired detector needs), and pauses the job there. The round reads
+its eval gate (a platform round puts the rule in each job's request, `flows/params.py: scheduler_gate`, and hands
+this object the base policy; `supervise(i, supervisor)` installs the policy's detector when a job's supervisor has
+none), on the same evidence the gate sees (the means, and the per-prompt scores a paired detector needs), and
+pauses the job there. The round reads
 the supervisor's verdict (`verdict(i)`: state, reason, step and the evidence that paused it) instead of a second
 copy of the detector deciding on a view of the means.
 
@@ -153,7 +155,8 @@ class JobObserver:
 
     @property
     def gate_detector(self) -> Any:
-        """The round's gate detector, for the job's supervisor to be built with (`training.request.build(gate=...)`)."""
+        """The round's gate detector, installed in a job's supervisor that has none (`LiveRound.supervise`; a platform
+        round's jobs carry the scheduler's rule in their requests, so their supervisors are built with it)."""
         return self.live.gate_detector
 
     def verdict(self) -> dict[str, Any]:

@@ -199,17 +199,14 @@ _DETECTOR_SCOPE = {"stopat": ("rlhf",)}
 _SPEC = re.compile(r"^(?P<det>[A-Za-z]+)(?P<num>\d*\.?\d+)?(?:\((?P<args>[^)]*)\))?$")
 
 
-def parse_scheduler(spec: str) -> Policy:
-    """Build a policy from the paper's table names: `SRTF-Est`, `EvalStop+SRTF`, `StopAt0.65+SRTF`,
-    `LossPlateau+FIFO`, `EvalStop(k=3)+SJF`. Raises ValueError naming what is wrong."""
+def scheduler_detector(spec: str) -> tuple[str, dict[str, float | int]] | None:
+    """The early-stop part of a scheduler name as (detector name, parameters): `Paired(margin=0.1)+SRTF` ->
+    ("paired", {"margin": 0.1}), `StopAt0.65+SJF` -> ("stopat", {"p": 0.65}); None for a bare base policy. Raises
+    ValueError naming what cannot be read (the names themselves are checked by `parse_scheduler`)."""
     spec = spec.strip()
     if "+" not in spec:
-        if spec not in BASES:
-            raise ValueError(f"unknown scheduler '{spec}' (bases: {', '.join(sorted(set(BASES)))})")
-        return BASES[spec]()
-    det_part, base_part = spec.split("+", 1)
-    if base_part not in BASES:
-        raise ValueError(f"unknown base scheduler '{base_part}' in '{spec}' (bases: {', '.join(sorted(BASES))})")
+        return None
+    det_part = spec.split("+", 1)[0]
     m = _SPEC.match(det_part)
     if not m:
         raise ValueError(f"cannot parse detector '{det_part}' in '{spec}' (e.g. EvalStop, StopAt0.65, EvalStop(k=3))")
@@ -223,6 +220,21 @@ def parse_scheduler(spec: str) -> Policy:
             if not _:
                 raise ValueError(f"detector argument '{item}' in '{spec}' must be key=value")
             params[key.strip()] = _number(value.strip())
+    return name, params
+
+
+def parse_scheduler(spec: str) -> Policy:
+    """Build a policy from the paper's table names: `SRTF-Est`, `EvalStop+SRTF`, `StopAt0.65+SRTF`,
+    `LossPlateau+FIFO`, `EvalStop(k=3)+SJF`. Raises ValueError naming what is wrong."""
+    spec = spec.strip()
+    if "+" not in spec:
+        if spec not in BASES:
+            raise ValueError(f"unknown scheduler '{spec}' (bases: {', '.join(sorted(set(BASES)))})")
+        return BASES[spec]()
+    base_part = spec.split("+", 1)[1]
+    if base_part not in BASES:
+        raise ValueError(f"unknown base scheduler '{base_part}' in '{spec}' (bases: {', '.join(sorted(BASES))})")
+    name, params = scheduler_detector(spec)
     detector = make_detector(name, **params)
     return EarlyStop(BASES[base_part](), detector, _DETECTOR_SCOPE.get(detector.name))
 

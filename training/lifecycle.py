@@ -59,7 +59,8 @@ class PausedRun:
 @dataclass(frozen=True)
 class JobSpec:
     """One job. `config` is a validated `training.config.TrainConfig`; `out_dir` None trains without a run
-    directory (no checkpoints: nothing to score). `detector`: the eval-gate detector's name (None: no gate);
+    directory (no checkpoints: nothing to score). `detector`: the eval-gate detector (a
+    `training.request.DetectorSpec`, or its text: `evalstop`, `paired(margin=0.1)`; None: no gate);
     `alerts`/`alert_profile`: the alert catalog. `pausable`: a detector verdict pauses the run (PAUSED_BY_GATE,
     resumable) instead of ending it SUCCEEDED. `resume`: continue the paused run from its kept checkpoint."""
 
@@ -71,7 +72,7 @@ class JobSpec:
     overlap: str = "full"
     gpus: int = 1
     gpu_kind: str = "cpu"
-    detector: str | None = None
+    detector: Any = None
     alerts: str | None = None
     alert_profile: str | None = None
     pausable: bool = False
@@ -209,18 +210,19 @@ def planned_gate(detector: Any, spec: JobSpec) -> Any:
 def make_supervisor(spec: JobSpec, ledger: Any = None, metrics: Any = None, run_id: str | None = None,
                     catalog: Any = None, gate: Any = None):
     """The job's `eval.supervisor.RunSupervisor`, the one place one is made: the alert catalog (`catalog`, default
-    the file `spec.alerts` with `spec.alert_profile`), the gate detector (`gate`, a detector object such as a
-    platform round's early-stop rule, else the one `spec.detector` names; `planned_gate` fits it to the job's planned
-    looks), the planned steps (`spec.steps`: the gate's short-run phase needs them), the ledger and metrics to charge.
+    the file `spec.alerts` with `spec.alert_profile`), the gate detector (`gate`, a detector object, else the one
+    `spec.detector` specifies: a `training.request.DetectorSpec`, its text or a name; `planned_gate` fits it to the
+    job's planned looks), the planned steps (`spec.steps`: the gate's short-run phase needs them), the ledger and
+    metrics to charge.
     A job asked for as a `training.request.JobRequest` gets its spec and supervisor from `training.request.build`."""
-    from eval.detectors import make_detector
     from eval.health import Catalog
     from eval.supervisor import RunSupervisor
+    from training.request import build_detector
 
     if catalog is None:
         catalog = Catalog.from_file(spec.alerts, algorithm="ppo", profile=spec.alert_profile)
     if gate is None and spec.detector:
-        gate = make_detector(spec.detector)
+        gate = build_detector(spec.detector)
     gate = planned_gate(gate, spec)
     return RunSupervisor(run_id or spec.run_id or spec.job, spec.tenant, catalog.start(tenant=spec.tenant),
                          gate_detector=gate, ledger=ledger, metrics=metrics, gpu_kind=spec.gpu_kind, n_gpus=spec.gpus,
@@ -381,6 +383,25 @@ def run_job(spec: JobSpec, observe: Observer | None = None, *, hooks: JobHooks |
     return JobOutcome(spec, sup, status, result.decision, result.error, replayed + result.records, scores,
                       best_of(scores), result.wall_s, float(waited or 0.0), slot_start, slot_end, result.stop_reason,
                       len(replayed))
+
+
+def ended_by(outcome: JobOutcome) -> str:
+    """What ended a job, as a platform round's `jobs.csv` states it: `failed: <alert> at step N` for a run that ended
+    FAILED with a paging alert (the first one to page, and the step it paged at), `failed: <failure class> at step N`
+    for one that failed without (N: its last step); `stopped` for a run its gate or an observer stopped at a
+    checkpoint (on a pausable job: PAUSED_BY_GATE, resumable); else how the training loop ended (`completed`)."""
+    status = outcome.status
+    if status.state.value == "FAILED":
+        pages = list(getattr(outcome.supervisor.machine, "pages", []))
+        if pages:
+            step = getattr(pages[0], "step", None)
+            return f"failed: {pages[0].alert} at step {int(step)}" if step is not None else f"failed: {pages[0].alert}"
+        what = status.failure.value if status.failure else "error"
+        last = outcome.records[-1]["step"] if outcome.records else 0
+        return f"failed: {what} at step {int(last)}"
+    if outcome.decision == "stopped" or (outcome.decision == "paused" and status.state.value == "PAUSED_BY_GATE"):
+        return "stopped"
+    return outcome.decision
 
 
 # ---------------------------------------------------------------------------------------------- pause and resume

@@ -14,8 +14,13 @@ exists. Checks in two steps, both before anything is provisioned or written:
 - the model itself (pydantic, no I/O): names are identifiers, numbers in range, choices from the registries, the
   run directory resolves under `out_root`, `gpus <= cluster_gpus`;
 - `JobRequest.checked()` (files, once per run of the request): the training config with its overrides and steps
-  (`training.config`), the detector, the alert catalog, the price of `gpu_kind` (`check_gpu_kind`), and for
-  `resume_paused` a paused run in the run directory.
+  (`training.config`), the detector with its calibrated thresholds, the alert catalog, the price of `gpu_kind`
+  (`check_gpu_kind`), and for `resume_paused` a paused run in the run directory.
+
+The gate detector is a `DetectorSpec` (`{name, params}`, or text: `paired`, `paired(margin=0.1)`): a registered rule
+and parameters it takes with values it accepts (`detector.params.margin: -1 is refused (...)`), a rule named without
+a parameter getting the platform's setting for it (`DETECTOR_DEFAULTS`: the paired rule's margin 0.1, stated once
+for every entry point).
 
 The knobs the run form does not show (chaos injection, the first retry delay, the MLflow parent run) are
 `JobInternals`, with safe defaults. Plain Python: no Prefect, no MLflow; torch is not imported here (a config error
@@ -28,9 +33,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from common.errors import BadInput, describe_validation_error
 
@@ -102,6 +109,181 @@ def price_table_kinds(prices: str | Path | None = None) -> dict[str, Any]:
     return table
 
 
+#: The parameters a job's gate detector gets when its request names the rule without them: the platform's settings,
+#: stated here once for every entry point (the `rlhf-job` flow and its run form, `rlhfops train` and `resume`, the
+#: nightly's job, each job of a platform round, whose scheduler names the rule). Explicit parameters override them
+#: (`paired(margin=0)`). The paired rule's margin is 0.1 in gold units: a pause needs a decline beyond 0.1; with the
+#: class default of 0 the default round's healthy 12-step job was paused at a real dip (docs/orchestration.md). The
+#: class defaults (eval/paired.py: margin 0) stay what `rlhfops detect`, the simulator and the corpus replays use.
+DETECTOR_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({"paired": MappingProxyType({"margin": 0.1})})
+
+_DETECTOR_TEXT = re.compile(r"^\s*(?P<name>[A-Za-z_]\w*)\s*(?:\((?P<args>[^()]*)\))?\s*$")
+DETECTOR_SYNTAX = "write NAME or NAME(param=value, ...), e.g. paired or paired(margin=0.1)"
+
+
+def _text_value(text: str) -> Any:
+    """A parameter's value as written: a whole number, a number, true/false, none, else the text itself."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_detector_text(text: str) -> dict[str, Any]:
+    """`paired(margin=0.1, alpha=0.05)` -> {"name": "paired", "params": {"margin": 0.1, "alpha": 0.05}}; ValueError
+    (saying how to write it) for anything else."""
+    m = _DETECTOR_TEXT.match(text)
+    if not m:
+        raise ValueError(f"cannot read {text!r}: {DETECTOR_SYNTAX}")
+    params: dict[str, Any] = {}
+    for item in (m.group("args") or "").split(","):
+        if not item.strip():
+            continue
+        key, eq, value = (s.strip() for s in item.partition("="))
+        if not eq or not key or not value:
+            raise ValueError(f"cannot read {item.strip()!r} in {text!r}: {DETECTOR_SYNTAX}")
+        if key in params:
+            raise ValueError(f"{key!r} is given twice in {text!r}: give each parameter once")
+        params[key] = _text_value(value)
+    return {"name": m.group("name"), "params": params}
+
+
+def _param_problem(name: str, params: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(path, message) for the first parameter the rule `name` does not take, or takes with another type or value;
+    None when the rule is built with all of them (over its class defaults: no file is read)."""
+    import inspect
+
+    from eval.registry import detector_class  # numpy; only for a request that gives parameters
+
+    cls = detector_class(name)
+    accepted = {k: p for k, p in inspect.signature(cls.__init__).parameters.items()
+                if k != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    for key, value in params.items():
+        p = accepted.get(key)
+        if p is None:
+            return (f"params.{key}", f"{name} has no parameter {key!r} (its parameters: {', '.join(accepted)}); "
+                    "remove it or use one of those")
+        ann, default = str(p.annotation), p.default
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if ann == "bool" or isinstance(default, bool):
+            ok, what = isinstance(value, bool), "true or false"
+        elif ann == "int":
+            ok, what = number and float(value).is_integer(), "a whole number"
+        elif ann.startswith("float"):
+            ok, what = number or (value is None and "None" in ann), "a number"
+        else:
+            ok, what = True, ""
+        if not ok:
+            default = DETECTOR_DEFAULTS.get(name, {}).get(key, default)
+            return f"params.{key}", f"{value!r} is not {what} (the default is {default!r})"
+    try:
+        cls(**params)
+        return None
+    except (ValueError, TypeError) as err:
+        whole = str(err)
+    for key, value in params.items():  # name the parameter the rule refuses on its own, if one is
+        try:
+            cls(**{key: value})
+        except (ValueError, TypeError) as err:
+            default = DETECTOR_DEFAULTS.get(name, {}).get(key, accepted[key].default)
+            return (f"params.{key}", f"{value!r} is refused ({err}); give a value the rule accepts, or leave it out "
+                    f"for the default ({default!r})")
+    return "params", f"{dict(params)} are refused together ({whole}); change one of them"
+
+
+class DetectorSpec(BaseModel):
+    """A job's eval-gate detector: a registered early-stop rule and its parameters, validated once, here. Written as a
+    mapping `{"name": "paired", "params": {"margin": 0.1}}` or as text: `paired`, `paired(margin=0.1)`. A rule named
+    without a parameter gets the platform's setting for it (`DETECTOR_DEFAULTS`), else its calibrated threshold
+    (configs/detectors.yaml), else its class default; `params` holds what was given and the platform's settings, so
+    the request says what the job runs. `build()` makes the detector."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: DetectorName = Field(description="the early-stop rule (eval/registry.py), e.g. paired or noisepatience")
+    params: dict[str, Any] = Field(default_factory=dict, description='its parameters, e.g. {"margin": 0.1} (empty: '
+                                   "the platform's settings, then its calibrated thresholds, then its class defaults)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _written(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = parse_detector_text(value)
+        if isinstance(value, Mapping) and isinstance(value.get("name"), str):
+            name = value["name"].strip().lower()
+            params = value.get("params")
+            params = {} if params is None else params
+            if isinstance(params, Mapping):
+                params = {**DETECTOR_DEFAULTS.get(name, {}), **params}
+            value = {**value, "name": name, "params": params}
+        return value
+
+    @model_validator(mode="after")
+    def _takes_its_params(self) -> DetectorSpec:
+        problem = _param_problem(self.name, self.params) if self.params else None
+        if problem:
+            raise PydanticCustomError("detector_param", "{path}: {msg}", {"path": problem[0], "msg": problem[1]})
+        return self
+
+    @property
+    def label(self) -> str:
+        """The spec as text, as it is written back (job.json, MLflow): `evalstop`, `paired(margin=0.1)`."""
+        if not self.params:
+            return self.name
+        return f"{self.name}({', '.join(f'{k}={v}' for k, v in self.params.items())})"
+
+    def __str__(self) -> str:
+        return self.label
+
+    def build(self) -> Any:
+        """The detector (`eval.detectors.make_detector`: class defaults, calibrated thresholds, then `params`)."""
+        from eval.detectors import make_detector
+
+        return make_detector(self.name, **self.params)
+
+
+def _spec_error(err: ValidationError) -> tuple[str, str]:
+    """(path inside the spec, message) of a `DetectorSpec` validation error: `("params.margin", "...")`, or `("", ...)`
+    for an unknown rule name."""
+    first = err.errors()[0]
+    kind, ctx = first["type"], first.get("ctx") or {}
+    loc = ".".join(str(p) for p in first["loc"])
+    if kind == "detector_param":
+        return ctx["path"], ctx["msg"]
+    if kind == "literal_error":
+        return "", f"{first.get('input')!r} is not one of {ctx.get('expected')}"
+    if not loc:  # the text did not read as NAME(param=value, ...)
+        return "", str(first["msg"]).removeprefix("Value error, ")
+    return loc, describe(err).removeprefix(f"{loc}: ")
+
+
+def parse_detector(value: Any, field: str = "detector") -> DetectorSpec | None:
+    """A `DetectorSpec` from text, a mapping or a spec (None: no gate); BadInput naming `field` and the part that is
+    wrong: `detector.params.margin: -1 is refused (...)`, `--detector: 'nope' is not one of (...)`."""
+    if value is None or isinstance(value, DetectorSpec):
+        return value
+    try:
+        return DetectorSpec.model_validate(value)
+    except ValidationError as err:
+        path, msg = _spec_error(err)
+        raise BadInput(f"{field}.{path}: {msg}" if path else f"{field}: {msg}") from None
+    except ValueError as err:  # text that does not read as NAME(param=value, ...)
+        raise BadInput(f"{field}: {err}") from None
+
+
+def build_detector(detector: Any) -> Any:
+    """The detector object a job's gate runs, from a `DetectorSpec`, its text or mapping (None: none)."""
+    spec = parse_detector(detector)
+    return spec.build() if spec is not None else None
+
+
 class RunInternals(BaseModel):
     """What a flow run takes that a person filling the run form should not need: the first retry delay and the
     MLflow run to nest under (the nightly's). The defaults are the safe ones (1 s, no parent)."""
@@ -156,10 +338,13 @@ class JobRequest(BaseModel):
                               "concurrency limit gpu-slots)")
     gpu_kind: str = Field("cpu", min_length=1, max_length=64, description="priced GPU kind for the tenant's ledger "
                           "(a key of gpu_hour in the price table)")
-    detector: DetectorName | None = Field(
-        "noisepatience", description="the eval-gate early-stop detector that may pause the job at a checkpoint "
-        "(noisepatience, the platform default: held-out score well below its best for several checkpoints, by the "
-        "run's own noise, while the proxy reward still rises); empty: no gate")
+    # a rule's name (the form's drop-down) or {name, params}; always a `DetectorSpec` (or None) once validated
+    detector: DetectorSpec | DetectorName | None = Field(
+        "noisepatience", validate_default=True, description="the eval-gate early-stop detector that may pause the "
+        "job at a checkpoint: a name (noisepatience, the platform default: held-out score well below its best for "
+        "several checkpoints, by the run's own noise, while the proxy reward still rises; paired: the paired rule on "
+        "per-prompt scores, margin 0.1), or {name, params} to set its parameters, e.g. {\"name\": \"paired\", "
+        "\"params\": {\"margin\": 0.05}}; empty: no gate")
     alerts: str | None = Field(None, description="alert catalog YAML (empty: configs/alerts.yaml)")
     alert_profile: AlertProfile | None = Field(None, description="alert threshold profile (empty: production "
                                                "thresholds; canary: short test windows)")
@@ -180,6 +365,17 @@ class JobRequest(BaseModel):
     @classmethod
     def _no_overrides(cls, value: Any) -> Any:
         return {} if value is None else value
+
+    @field_validator("detector", mode="before")
+    @classmethod
+    def _detector(cls, value: Any) -> Any:
+        if value is None or isinstance(value, DetectorSpec):
+            return value
+        try:
+            return DetectorSpec.model_validate(value)
+        except ValidationError as err:
+            path, msg = _spec_error(err)
+            raise PydanticCustomError("detector_spec", "{msg}", {"path": path, "msg": msg}) from None
 
     @field_validator("tenant", "name", "registered_model", mode="before")
     @classmethod
@@ -236,11 +432,9 @@ def _check(request: JobRequest) -> CheckedJob:
     cfg = resolve_config(request.config, overrides)  # first: a config error before numpy, eval or torch is imported
     from eval.health import Catalog
 
-    if request.detector is not None:
-        from eval.detectors import make_detector
-
+    if request.detector is not None:  # its parameters were checked by the model; here with the calibrated thresholds
         try:
-            make_detector(request.detector)
+            request.detector.build()
         except (ValueError, KeyError) as err:
             raise BadInput(f"detector: {err}") from None
     gpu_hour = price_table_kinds(request.prices)
@@ -295,6 +489,9 @@ def describe(err: ValidationError, source: str = "") -> str:
     if not loc:
         text = str(first["msg"]).removeprefix("Value error, ")
         return f"{source}.{text}" if source else text  # the rule's message starts with its field
+    if kind == "detector_spec":  # the part of the detector that is wrong: detector.params.margin
+        path = f"{loc}.{ctx['path']}" if ctx.get("path") else loc
+        return f"{source}.{path}: {ctx['msg']}" if source else f"{path}: {ctx['msg']}"
     if kind == "literal_error":
         msg = f"{first.get('input')!r} is not one of {ctx.get('expected')}"
     else:
@@ -306,15 +503,14 @@ def describe(err: ValidationError, source: str = "") -> str:
 
 
 def build(request: JobRequest, checked: CheckedJob | None = None, *, run_id: str = "", ledger: Any = None,
-          metrics: Any = None, pausable: bool = True, resume: Any = None, run_through_pause: bool = False,
-          gate: Any = None):
-    """The job's `training.lifecycle.JobSpec` and its `eval.supervisor.RunSupervisor` (alert catalog, gate
-    detector, planned steps, ledger and metrics to charge) from a request and its `checked()` result (checked here
-    when not given). `gate`: the detector object that gates the job instead of the one `request.detector` names (a
-    platform round's scheduler rule, so that the round and its jobs decide with one detector). `pausable`: a stop
-    pauses the run (PAUSED_BY_GATE, resumable; the live paths) rather than ending it; `run_through_pause`: train on
-    past a pause (`rlhfops train` without a detector runs every step it was asked for).
-    `resume`: the `PausedRun` to continue (default: the one a `resume_paused` request found)."""
+          metrics: Any = None, pausable: bool = True, resume: Any = None, run_through_pause: bool = False):
+    """The job's `training.lifecycle.JobSpec` and its `eval.supervisor.RunSupervisor` (alert catalog, the gate
+    detector `request.detector` specifies, with its parameters, fitted to the job's planned looks, planned steps,
+    ledger and metrics to charge) from a request and its `checked()` result (checked here when not given). A platform
+    round's jobs carry its scheduler's rule in their requests, so the round and every other entry point decide with a
+    detector built here. `pausable`: a stop pauses the run (PAUSED_BY_GATE, resumable; the live paths) rather than
+    ending it; `run_through_pause`: train on past a pause (`rlhfops train` without a detector runs every step it was
+    asked for). `resume`: the `PausedRun` to continue (default: the one a `resume_paused` request found)."""
     from training.lifecycle import JobSpec, make_supervisor
 
     checked = checked if checked is not None else request.checked()
@@ -323,4 +519,4 @@ def build(request: JobRequest, checked: CheckedJob | None = None, *, run_id: str
                    detector=request.detector, alerts=request.alerts, alert_profile=request.alert_profile,
                    pausable=pausable, resume=resume if resume is not None else checked.paused,
                    run_through_pause=run_through_pause)
-    return spec, make_supervisor(spec, ledger=ledger, metrics=metrics, catalog=checked.catalog, gate=gate)
+    return spec, make_supervisor(spec, ledger=ledger, metrics=metrics, catalog=checked.catalog)

@@ -14,9 +14,11 @@ from common.errors import BadInput
 def register(app: typer.Typer) -> None:
     @app.command("platform")
     def platform_cmd(
-        scheduler: str = typer.Option("Paired(margin=0.1)+SRTF", "--scheduler", help="the simulator's scheduler names: "
-                                      "a base (FIFO, SJF-Est, SRTF-Est, LossAware, EvalSched) optionally wrapped by "
-                                      "an early-stop detector, e.g. NoisePatience+SRTF, EvalStop(k=3)+SJF"),
+        scheduler: str = typer.Option("Paired+SRTF", "--scheduler", help="the simulator's scheduler names: a base "
+                                      "(FIFO, SJF-Est, SRTF-Est, LossAware, EvalSched) optionally wrapped by an "
+                                      "early-stop detector, each job's eval gate, e.g. NoisePatience+SRTF, "
+                                      "EvalStop(k=3)+SJF, Paired(margin=0.05)+SRTF (a parameter left out gets the "
+                                      "platform's setting: the paired rule's margin 0.1)"),
         slots: int = typer.Option(2, "--slots", help="GPU worker slots in the pool (a Prefect global concurrency "
                                   "limit; jobs hold theirs while they train)"),
         steps: int = typer.Option(24, "--steps", help="PPO steps per job (the 'short' job runs half)"),
@@ -56,10 +58,10 @@ def register(app: typer.Typer) -> None:
             if not isinstance(job_list, list):
                 raise BadInput("jobs: the file must hold a JSON list of job objects")
         # every job as a checked request (names, overrides, GPUs, config), before the server starts
-        from flows.params import DEFAULT_JOBS, check_round, round_requests
+        from flows.params import DEFAULT_JOBS, check_round, round_requests, scheduler_gate
 
         check_round(round_requests(job_list or DEFAULT_JOBS, steps=steps, slots=slots, out_dir=str(out),
-                                   cache_dir=cache_dir))
+                                   cache_dir=cache_dir, detector=scheduler_gate(scheduler)))
         prefect_env(verbose)
         server = start_prefect_api()
         import transformers

@@ -14,8 +14,9 @@ def register(app: typer.Typer) -> None:
     def resume_cmd(
         run_dir: Path = typer.Argument(..., help="the paused job's run directory (runs/jobs/<tenant>/<name>, or "
                                        "<platform out>/<tenant>/<name>)"),
-        detector: str = typer.Option(None, "--detector", help="eval-gate detector watching the continuation "
-                                     "(default: the job's own, else the platform default)"),
+        detector: str = typer.Option(None, "--detector", help="eval-gate detector watching the continuation: NAME or "
+                                     "NAME(param=value, ...), e.g. 'paired(margin=0.05)' (default: the job's own, "
+                                     "else the platform default)"),
         steps: int = typer.Option(None, "--steps", help="total PPO steps (default: the job's config)"),
         verbose: bool = typer.Option(False, "--verbose", help="show Prefect's own log lines"),
     ) -> None:
@@ -26,8 +27,9 @@ def register(app: typer.Typer) -> None:
         from common.config import read_yaml_mapping
         from eval.detectors import DEFAULT_DETECTOR
         from training.lifecycle import JOB_DONE, paused_run
-        from training.request import parse_request
+        from training.request import parse_detector, parse_request
 
+        gate = parse_detector(detector, "--detector")  # checked before the run directory is read
         if not (run_dir / JOB_DONE).is_file():
             raise BadInput(f"run_dir: {run_dir} holds no ended job ({JOB_DONE} missing); give a paused job's run "
                            "directory")
@@ -41,7 +43,7 @@ def register(app: typer.Typer) -> None:
         # the job as it was asked for, continued in its own run directory; checked before the server starts
         request = parse_request({"config": config, "tenant": done["tenant"], "name": done["name"],
                                  "overlap": done.get("overlap") or "full", "steps": steps,
-                                 "detector": detector or done.get("detector") or DEFAULT_DETECTOR, "gpus": gpus,
+                                 "detector": gate or done.get("detector") or DEFAULT_DETECTOR, "gpus": gpus,
                                  "cluster_gpus": max(gpus, 4), "out_root": str(run_dir), "run_dir": ".",
                                  "resume_paused": True})
         request.checked()

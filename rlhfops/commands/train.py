@@ -27,28 +27,26 @@ def register(app: typer.Typer) -> None:
         trace: Path = typer.Option(None, "--trace", help="also write a Trace CSV here (docs/ARCHITECTURE.md)"),
         label: int = typer.Option(None, "--label", help="Trace CSV label for this run: 1 hacking, 0 healthy"),
         detector: str = typer.Option(None, "--detector", help="eval-gate detector, e.g. paired (the platform "
-                                     "round's gate) or evalstop: the job's supervisor runs it at every gate and a "
-                                     "stop pauses the run there (PAUSED_BY_GATE, best checkpoint kept, the evidence "
-                                     "in OUT/job.json; `rlhfops resume OUT` continues it). Default: no gate, every "
-                                     "step is trained"),
+                                     "round's gate, margin 0.1), 'paired(margin=0.05)' or evalstop: NAME or "
+                                     "NAME(param=value, ...), a parameter left out getting the platform's setting; "
+                                     "the job's supervisor runs it at every gate and a stop pauses the run there "
+                                     "(PAUSED_BY_GATE, best checkpoint kept, the evidence in OUT/job.json; `rlhfops "
+                                     "resume OUT` continues it). Default: no gate, every step is trained"),
     ) -> None:
         """Train a policy with PPO (+ OPPO overlap); writes OUT/metrics.csv, OUT/checkpoints/, OUT/summary.json."""
-        from typing import get_args
-
         from common.validate import check_out_dir, check_out_file
-        from training.request import DetectorName, build, job_name, parse_request
+        from training.request import build, job_name, parse_detector, parse_request
 
         if label not in (None, 0, 1):
             raise BadInput("--label: must be 0 (healthy) or 1 (hacking)")
-        if detector is not None and detector not in get_args(DetectorName):
-            raise BadInput(f"--detector: '{detector}' is not one of {', '.join(get_args(DetectorName))}")
+        gate = parse_detector(detector, "--detector")  # its name and parameters, before anything is read or written
         out = out or Path("runs") / f"{config.stem}-{overlap}"
         check_out_dir(out, "out")
         check_out_file(trace, "trace")
         # the job, as every entry point asks for one: one run directory (OUT itself); with --detector its supervisor
         # gates it as the platform does (the same builder, planned steps and rule), without one every step is run
         request = parse_request({"config": str(config), "overlap": overlap, "steps": steps, "tenant": "local",
-                                 "name": job_name(config.stem), "detector": detector, "out_root": str(out),
+                                 "name": job_name(config.stem), "detector": gate, "out_root": str(out),
                                  "run_dir": ".", "resume": not fresh})
         checked = request.checked()
         # torch: only once the request is known good, so a config error is reported in under a second
@@ -69,7 +67,7 @@ def register(app: typer.Typer) -> None:
             (out / "metrics.csv").unlink(missing_ok=True)
         (out / JOB_DONE).unlink(missing_ok=True)  # the record of an earlier run's end: this run writes its own
         console = make_console()
-        gated = detector is not None
+        gated = gate is not None
         spec, supervisor = build(request, checked, run_id=f"{config.stem}-{overlap}", pausable=gated,
                                  run_through_pause=not gated)
         total = spec.steps
@@ -129,14 +127,14 @@ def register(app: typer.Typer) -> None:
             (out / "config.resolved.yaml").write_text(yaml.safe_dump(spec.config.model_dump(mode="json"),
                                                                      sort_keys=False))
             (out / JOB_DONE).write_text(json.dumps({**record, "tenant": request.tenant, "name": request.name,
-                                                    "detector": detector, "evidence": evidence,
+                                                    "detector": gate.label, "evidence": evidence,
                                                     "overlap": request.overlap, "gpus": request.gpus}, default=float))
             if paused:
                 console.print(f"paused at step {record['paused_step']} by the eval gate ({record['reason']}); "
                               f"kept checkpoint: step {record['best_step']}; evidence: "
                               f"{describe_evidence(evidence)}; continue with: rlhfops resume {out}")
             else:
-                console.print(f"eval gate ({detector}): no stop; run state {outcome.status.label}")
+                console.print(f"eval gate ({gate.label}): no stop; run state {outcome.status.label}")
         if trace:
             n = export_trace(out / "metrics.csv", trace, run_id=f"{config.stem}-{overlap}", label=label)
             console.print(f"trace: {n} rows -> {trace}")

@@ -115,11 +115,11 @@ def test_train_refuses_an_unknown_detector_naming_the_option(tmp_path, capsys, m
 @pytest.mark.slow
 def test_the_round_and_train_decide_the_gameable_job_alike_with_the_paired_rule(prefect_server, mlflow_store, tmp_path,
                                                                                 warm_start_cache, capsys, monkeypatch):
-    """The default round's gameable job gated by the paired rule with its own defaults (`Paired+SRTF`; the round's
-    default scheduler adds margin=0.1, which a request's detector name cannot carry), fitted to the job's planned
-    looks by the one builder, through the platform round and `rlhfops train --detector paired`: the same end state at
-    the same step on the same evidence. Which verdict it is depends on the warm start the cache holds (a gate pause, or
-    the KL alert first: docs/orchestration.md); a pause's difference is recomputed by hand from the round's
+    """The default round's gameable job gated by the paired rule named without parameters (`Paired+SRTF`, the round's
+    default scheduler, and `rlhfops train --detector paired`): both requests carry it with the platform's margin of
+    0.1 (training.request.DETECTOR_DEFAULTS), fitted to the job's planned looks by the one builder; the same end state
+    at the same step on the same evidence. Which verdict it is depends on the warm start the cache holds (a gate pause,
+    or the KL alert first: docs/orchestration.md); a pause's difference is recomputed by hand from the round's
     gate_records.csv and comes after the job's gate peak, keeping an earlier checkpoint."""
     from cli_helpers import run_cli_output
 
@@ -152,6 +152,7 @@ def test_the_round_and_train_decide_the_gameable_job_alike_with_the_paired_rule(
     if done["state"].startswith("PAUSED_BY_GATE"):
         evidence, paused = done["evidence"], done["paused_step"]
         assert evidence["detector"] == "paired" and evidence["params"]["horizon"] == steps // 2 - 1
+        assert evidence["params"]["margin"] == 0.1 and done["detector"] == trained["detector"] == "paired(margin=0.1)"
         (fired,) = [c for c in evidence["comparisons"] if c["reference_step"] == evidence["kept_step"]]
         g = pd.read_csv(round_dir / "gate_records.csv")
         ref = g[g.step == fired["reference_step"]].set_index("prompt_id").gold_score

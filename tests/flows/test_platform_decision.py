@@ -1,0 +1,68 @@
+"""What a platform round's jobs.csv says ended each job (`training.lifecycle.ended_by`, the `decision` column that
+`flows/platform_round.py: platform_job` writes): a job a paging alert failed states the alert and the step it paged
+at, not the training loop's "paused" (the alert's pause action stops the loop at the next checkpoint, and the run then
+ends FAILED).
+
+The oracle is written by hand from the records the fake trainer yields and the alert catalog's PPO KL ceiling
+(configs/alerts.yaml: 6.0 per sequence, persist 2): KL 10 at steps 4 and 5, so `kl_blowup` pages at step 5."""
+
+from __future__ import annotations
+
+import math
+
+from training.metrics import StepRecord
+
+#: steps whose KL is above the PPO ceiling (6.0); persist 2: the alert pages at the second of them
+KL_SPIKE = {4: 10.0, 5: 10.0}
+
+
+class KLTrainer:
+    """A healthy-looking run (gate every 2 steps, scores rising slowly) whose KL jumps past the ceiling at
+    `KL_SPIKE`'s steps."""
+
+    def __init__(self, spike: dict[int, float]):
+        self.step, self.spike = 0, spike
+
+    def run(self, total):
+        while self.step < total:
+            self.step += 1
+            gold = 0.1 + 0.01 * self.step if self.step % 2 == 0 else math.nan
+            yield StepRecord(step=self.step, policy_version=self.step, reward_mean=0.1 + 0.01 * self.step,
+                             gold_eval=gold, gold_eval_se=0.01, kl=self.spike.get(self.step, 0.5), entropy=1.0,
+                             loss_policy=0.0, phase_seconds={"rollout": 0.5, "optim": 0.25}, tokens_generated=10)
+
+
+def _run(spike, pausable=True, observe=None, steps=10):
+    from types import SimpleNamespace
+
+    from training.lifecycle import JobHooks, JobSpec, make_supervisor, run_job
+
+    trainer = KLTrainer(spike)
+
+    class Hooks(JobHooks):
+        def start_worker(self, spec):
+            return trainer
+
+    spec = JobSpec(tenant="umbrella", name="weak-kl", config=SimpleNamespace(steps=steps), run_id="r1",
+                   pausable=pausable)
+    return run_job(spec, observe, hooks=Hooks(), supervisor=make_supervisor(spec))
+
+
+def test_a_job_a_paging_alert_failed_states_the_alert_and_its_step_not_paused():
+    from training.lifecycle import ended_by
+
+    out = _run(KL_SPIKE)
+    assert [e.alert for e in out.supervisor.machine.pages] == ["kl_blowup"]  # the only alert that paged
+    assert out.status.state.value == "FAILED"
+    assert out.decision == "paused"  # the training loop's own word: what jobs.csv used to say
+    assert ended_by(out) == "failed: kl_blowup at step 5"  # second step above the ceiling (persist 2)
+    assert len(out.records) == 6  # it ran on to its next checkpoint (step 6), where the pause took it
+
+
+def test_a_gate_stop_and_a_healthy_run_keep_their_words():
+    from training.lifecycle import ended_by
+
+    healthy = _run({})
+    assert healthy.status.state.value == "SUCCEEDED" and ended_by(healthy) == "completed"
+    stopped = _run({}, observe=lambda step, m: "declining" if step == 4 else None)
+    assert stopped.status.state.value == "PAUSED_BY_GATE" and ended_by(stopped) == "stopped"
