@@ -259,6 +259,16 @@ def test_scheduler_names_build_the_policy_and_detector_they_name():
     assert (_number("3"), type(_number("3")), _number("0.25"), type(_number("0.25"))) == (3, int, 0.25, float)
 
 
+def test_a_name_splits_at_its_first_plus_and_a_detector_takes_several_arguments():
+    """The detector is what comes before the first '+', the base everything after it (so a second '+' makes an unknown
+    base, named whole); the arguments in parentheses are separated by commas, each `key=value`."""
+    with pytest.raises(ValueError) as err:
+        parse_scheduler("EvalStop+SRTF+FIFO")
+    assert str(err.value) == f"unknown base scheduler 'SRTF+FIFO' in 'EvalStop+SRTF+FIFO' (bases: {BASE_NAMES})"
+    paired = parse_scheduler("Paired(margin=0.1,alpha=0.05)+SRTF")
+    assert (paired.detector.margin, paired.detector.alpha) == (0.1, 0.05) and type(paired.base) is SRTFEst
+
+
 # ------------------------------------------------------------------------------------------ progress reports
 @pytest.mark.parametrize("jobs, reported", [(3, [1, 2, 3]), (200, list(range(2, 201, 2)))])
 @BOTH_PATHS
