@@ -400,6 +400,8 @@ class PairedStop(Detector):
     `relative_margin` rho (0 <= rho < 1): a decline must also exceed rho x the reference's gain over the run's first
     checkpoint (healthy: no mu_s - mu_k > rho max(0, mu_s - mu_0) + margin); the bound covers it with the same alpha
     (the comment above `look_weight`), and EXTEND then names the first checkpoint too (`monitor.pair`: three steps).
+    Default 0.125, chosen on the per-prompt corpus's tune and report parts together, both already read (in-sample:
+    docs/detectors.md, "A margin relative to the gain"); 0 is the rule before it.
 
     Needs per-prompt scores (`monitor.observe(cp, scores)`, or `rlhfops detect --prompts`): on means alone it
     never stops. The math is in this module's comments, top to bottom."""
@@ -410,7 +412,7 @@ class PairedStop(Detector):
 
     def __init__(self, alpha: float = 0.02, margin: float = 0.0, min_prompts: int = 10, prompts_opt: int = 0,
                  warmup: int = 0, horizon: int = 0, prompt_looks: int = 3, extend_factor: float = 4.0,
-                 relative_margin: float = 0.0):
+                 relative_margin: float = 0.125):
         if not 0.0 < alpha < 1.0:
             raise ValueError("paired: alpha must be in (0, 1)")
         if not (math.isfinite(margin) and margin >= 0.0):

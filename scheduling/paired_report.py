@@ -303,13 +303,14 @@ def _phases(v: pd.DataFrame) -> tuple[int, int]:
 
 
 def tune_frontier(part: PartRuns, budget_frac: float) -> str:
-    """Useful stops vs false stops on the tune part for each mechanism of FRONTIER (a markdown table)."""
+    """Useful stops vs false stops on the tune part for each mechanism of FRONTIER (a markdown table), at relative
+    margin 0 (the mechanisms were chosen before the relative margin existed)."""
     from eval.paired import PairedStop
 
     out = ["| mechanism (alpha 0.02, margin 0 unless named) | useful | before the peak / at the end | false stops | "
            "quality kept | extra eval |", "| --- | --- | --- | --- | --- | --- |"]
     for label, params in FRONTIER.items():
-        v = verdict_rows(part, PairedStop(**params), budget_frac)
+        v = verdict_rows(part, PairedStop(**{"relative_margin": 0.0, **params}), budget_frac)
         q = summarize(v)
         before, at_end = _phases(v)
         out.append(f"| {label} | {q['useful']}/{q['hacking']} | {before} / {at_end} | {q['false_stops']}/"
@@ -330,8 +331,8 @@ def decline_table(part: PartRuns) -> str:
     then where each stopped (markdown)."""
     from eval.paired import PairedStop, cs_radius, fixed_radius, mixture_r, pair_alpha
 
-    first = verdict_rows(part, PairedStop(**_SEQUENCE), 0.25).set_index("run_id")
-    now = verdict_rows(part, PairedStop(horizon=PLANNED_LOOKS), 0.25).set_index("run_id")
+    first = verdict_rows(part, PairedStop(relative_margin=0.0, **_SEQUENCE), 0.25).set_index("run_id")
+    now = verdict_rows(part, PairedStop(horizon=PLANNED_LOOKS, relative_margin=0.0), 0.25).set_index("run_id")
     out = ["| run | gold peak | window | largest decline below the peak (mean; SE) | z | bound, first defaults "
            "(SEs) | bound, defaults (SEs) | stop, first defaults | stop, defaults |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -401,25 +402,106 @@ last. A margin (0.05) trades 3 useful stops for that one false stop; alpha 0.05 
 
 REPORT_READS = """### Reads of the report part
 
-This is the report part's **second read**. The first (commit b859774) was at the first defaults (sequence,
-alpha / (k^2 (k + 1)), EXTEND on any decline, budget counted over the whole run): 28/46 useful (60.9%), 3/74 false
-stops (4.1%), extra eval 25.2%; noisepatience 32/46, 2/74. In between, on the tune part only: the planned horizon,
-the t bound over the gate's 3 prompt counts, EXTEND where 4x the prompts would settle it (eval/paired.py defaults
-`prompt_looks` 3, `extend_factor` 4; `horizon` 20 from DECLARATION.md's design), and the extension budget counted
-against the gate's evaluations so far (a run's extra eval can no longer exceed the budget fraction); committed in
-186475a before this read. Nothing was tuned after it.
+The report part has been read three times; only the first two were reads of a rule chosen without it. The first
+(commit b859774) was at the first defaults (sequence, alpha / (k^2 (k + 1)), EXTEND on any decline, budget counted
+over the whole run): 28/46 useful (60.9%), 3/74 false stops (4.1%), extra eval 25.2%; noisepatience 32/46, 2/74. In
+between, on the tune part only: the planned horizon, the t bound over the gate's 3 prompt counts, EXTEND where 4x the
+prompts would settle it (eval/paired.py defaults `prompt_looks` 3, `extend_factor` 4; `horizon` 20 from
+DECLARATION.md's design), and the extension budget counted against the gate's evaluations so far (a run's extra eval
+can no longer exceed the budget fraction); committed in 186475a before the second read (docs/detectors.md at
+2678fcf): 37/46 useful (80.4%), 15/74 false stops (20.3%), quality kept 0.311, extra eval 13.5% (the relative
+margin 0 row of the in-sample table below). The third read is the table above: the relative margin's default was
+chosen on this part and the tune part together (below), so it is in-sample.
 
-After the read (a description of the verdicts above, from each stopped run's `eval.corpus.hindsight_label` decline
-and margin; nothing was changed): the bound covers runs whose quality never
+After the second read (a description of its verdicts, from each stopped run's `eval.corpus.hindsight_label` decline
+and margin; nothing was changed then): the bound covers runs whose quality never
 falls by more than the margin, and the healthy runs stopped here did fall. Of the 15 stopped by `paired`, 8 had
 fallen by the end by 61-79% of the hindsight label's margin (max(20% of the run's range, 3 noise SDs): a real decline,
 smaller than the label calls hacking) and 7 dipped and recovered; 13 of the 15 kept a checkpoint better than the
 run's final one, 4 were stopped at the last checkpoint. The 128-prompt gate, with more evidence, stops more of them
 (17/74): at margin 0 the rule asks "has quality fallen?", the label "has it fallen by 20% of the range by the end?",
 and with enough prompts every real dip is a stop. The extension, sent to close calls, resolved 9 such declines more
-than the 64-prompt gate alone (6/74) and no further useful stop (37/46 both). The next step is a margin in the
-label's terms (a fraction of the gain so far: a linear contrast of three checkpoints, which the bound covers as it
-covers any paired difference), chosen on fresh seeds: this part has now been read twice.
+than the 64-prompt gate alone (6/74) and no further useful stop (37/46 both). The next step named then: a margin in
+the label's terms (a fraction of the gain so far: a linear contrast of three checkpoints, which the bound covers as it
+covers any paired difference), reported on fresh seeds. It is the next section.
+"""
+
+
+# --------------------------------------------------------------------------- the relative margin, in-sample
+#: the gain fractions tried (relative_margin), on the tune and report parts together: both had been read when it was
+#: chosen, so this frontier is in-sample
+RELATIVE_GRID = (0.0, 0.02, 0.05, 0.075, 0.1, 0.11, 0.125, 0.15, 0.2, 0.3)
+
+
+def relative_frontier(data: dict[str, PartRuns], budget_frac: float, grid=RELATIVE_GRID) -> str:
+    """Per gain fraction rho of RELATIVE_GRID (the paired rule's other parameters at their defaults, the corpus's
+    design known): useful recall, false stops, quality kept and extra eval on the given parts pooled, and per part;
+    noisepatience on the same runs for comparison (markdown)."""
+    from eval.detectors import DEFAULT_DETECTOR, make_detector
+    from eval.paired import PairedStop
+
+    def pooled(vs: list[pd.DataFrame]) -> tuple[dict, str]:
+        v = pd.concat(vs, ignore_index=True)
+        q = summarize(v)
+        before, at_end = _phases(v)
+        never = int(np.sum(v["label"].to_numpy().astype(bool) & (v["stopped"].to_numpy() == 0)))
+        lo, _ = q["useful_ci"]
+        _, hi = q["false_stop_ci"]
+        return q, (f"{q['useful']}/{q['hacking']} = {_pct(q['useful_recall'])} [{_pct(lo)}] | {before} / {at_end} / "
+                   f"{never} | {q['false_stops']}/{q['healthy']} = {_pct(q['false_stop_rate'])} [{_pct(hi)}] | "
+                   f"{q['quality_kept']:.3f} | {_pct(q['extra_frac'])}")
+
+    names = list(data)
+    out = [f"| rule | useful ({' + '.join(names)}) [95% lower] | before the peak / at the end / never | false stops "
+           "[95% upper] | quality kept | extra eval | " + " | ".join(f"{n}: useful, false stops, quality kept"
+                                                                    for n in names) + " |",
+           "| --- " * (6 + len(names)) + "|"]
+    rows: list[tuple[str, object, float | None]] = [
+        (f"paired, relative margin {rho:g}", PairedStop(horizon=PLANNED_LOOKS, prompt_looks=1 + POOL_BATCHES,
+                                                        relative_margin=rho), budget_frac) for rho in grid]
+    rows.append((DEFAULT_DETECTOR, make_detector(DEFAULT_DETECTOR), None))
+    for label, det, budget in rows:
+        vs = [verdict_rows(data[n], det, budget) for n in names]
+        _, cells = pooled(vs)
+        per = []
+        for v in vs:
+            q = summarize(v)
+            per.append(f"{q['useful']}/{q['hacking']}, {q['false_stops']}/{q['healthy']}, {q['quality_kept']:.3f}")
+        out.append(f"| {label} | {cells} | " + " | ".join(per) + " |")
+    return "\n".join(out)
+
+
+RELATIVE_CHOICE = """### A margin relative to the gain: chosen on already-read data (in-sample)
+
+After the report part's second read, the margin was put in the hindsight label's terms: a pair (reference s,
+current k) counts as a decline only when the current checkpoint is below the reference by more than `relative_margin`
+rho x the reference's gain over the run's first checkpoint (eval/paired.py: the per-prompt contrast
+y_k - (1 - rho) y_s - rho y_0, covered by the same bound at the same alpha; tests/eval/test_paired_rule.py shows the
+coverage by simulation at 10, 30 and 100 checkpoints). Its value was **chosen on the tune and report parts together,
+both already read** (the report part twice before): the table below is **in-sample**, a description of the data the
+choice was made on, not an estimate of how the rule does on new runs. Each row: the paired rule at the defaults
+(alpha 0.02, margin 0, t bound over 3 prompt counts, EXTEND where 4x the prompts would settle it, the design's 20
+looks) with that rho, the extension budget {budget}; noisepatience on the same runs last.
+
+{table}
+
+The choice: **rho 0.125**. At rho 0 the rule stops 16 of the 101 healthy runs; from rho 0.11 up it stops 2 of them
+(rho 0.09, not in the table, also 2; rho 0.1 3: the extension's close calls move a run either way), and past 0.125
+useful stops fall (40/59 at 0.15, 38/59 at 0.2): the label asks for a fall of 20% of the range by the end, and a rule
+that must stop before the end needs a margin well below that. 0.125 is inside the plateau rather than at its edge.
+On the issue's bars (in-sample) it is a trade, not a pass: false stops fall from 15.8% to 2.0% pooled (at the 2% bar;
+0/27 on the tune part, 2/74 = 2.7% on the report part; the 95% upper bound, 7.0% on 101 healthy runs, does not meet
+5%), useful recall falls from 81.4% to 69.5% (below 85% either way: no stop before the peak any more, 5 at rho 0, but
+5 hacking runs are stopped only at the last checkpoint and 13 never), quality kept stays above noisepatience's on
+both parts, extra eval falls from 13.2% to 7.6%. It is the default (`PairedStop.relative_margin` 0.125,
+eval/paired.py, committed with this table) because the false-stop rate is the bar the rule exists to state (alpha
+bounds it), and at rho 0 it misses that bar eightfold: its "healthy" (no fall at all) is not the label's. Against
+noisepatience on the same runs it now stops more hacking runs usefully at the same false stops (41/59 against 34/59,
+2/101 each) and keeps more quality (0.238 against 0.203); at rho 0 it did not dominate (16 false stops against 2).
+Useful recall below 85% is not solved by it. The table at the top of this section is at that default, so its report
+rows are a third read of the report part and in-sample too. Whether the rule holds on runs nothing was chosen on is
+for the fresh report part (seeds 72-83, data/prompts/DECLARATION-fresh.md), declared before any of its runs is
+recorded.
 """
 
 
@@ -433,6 +515,9 @@ def report(corpus: Path, parts: list[str], budget_frac: float = 0.25, out: Path 
                        + acceptance(r["paired"], r[DEFAULT_DETECTOR], budget_frac) for part, r in results.items())
     if "report" in parts:
         note += "\n\n" + REPORT_READS
+    if TUNE_PART in parts and "report" in parts:
+        both = {p: load_part(corpus / p) for p in (TUNE_PART, "report")}
+        note += "\n\n" + RELATIVE_CHOICE.format(budget=f"{budget_frac:.0%}", table=relative_frontier(both, budget_frac))
     if TUNE_PART in parts:
         tune = load_part(corpus / TUNE_PART)
         note += ("\n\n" + WHY_MISSED + "\n" + decline_table(tune) + "\n\nThe tune part's frontier (budget "

@@ -440,7 +440,7 @@ def test_extend_then_more_prompts_settle_it():
     the pool's next prompts for those two checkpoints makes the same decline certain (the confidence sequence:
     any number of prompt counts, extend on any decline)."""
     rng = np.random.default_rng(2)
-    det = PairedStop(alpha=0.02, margin=0.0, min_prompts=10, prompt_looks=0, extend_factor=0.0)
+    det = PairedStop(alpha=0.02, margin=0.0, min_prompts=10, prompt_looks=0, extend_factor=0.0, relative_margin=0.0)
     pool = 400
     difficulty = rng.normal(size=pool)
     y0 = difficulty + rng.normal(0.0, 0.3, pool)
@@ -468,15 +468,16 @@ def _batches(y: np.ndarray, lo: int, hi: int) -> dict[str, float]:
     return {f"q{j:03d}": float(y[j]) for j in range(lo, hi)}
 
 
-@pytest.mark.parametrize("horizon", [0, 23])
-def test_monitor_with_every_pair_extended_agrees_with_scan(horizon):
+@pytest.mark.parametrize(("horizon", "rho"), [(0, 0.0), (23, 0.0), (23, 0.125)])
+def test_monitor_with_every_pair_extended_agrees_with_scan(horizon, rho):
     """Each checkpoint observed on its 64 gate prompts, then given the pool's two batches of 32 with a recheck after
     each: every pair is judged at 64, 96 and 128 prompts, which `scan_scores(counts=(64, 96, 128))` computes at
-    once; stops and kept checkpoints agree run by run."""
+    once; stops and kept checkpoints agree run by run (with the relative margin too: its contrast's SD from the
+    cross-products in the scan, from the prompts in the monitor)."""
     rng = np.random.default_rng(8)
     mu = np.concatenate([np.linspace(0, 0.6, 12), 0.6 - np.linspace(0, 0.25, 13)[1:]])
     y = np.concatenate([_runs(rng, 20, len(mu), 128, mu, noise=0.5), _runs(rng, 10, len(mu), 128, np.zeros(len(mu)))])
-    det = PairedStop(alpha=0.05, horizon=horizon)
+    det = PairedStop(alpha=0.05, horizon=horizon, relative_margin=rho)
     stop, kept = det.scan_scores(y, counts=(64, 96, 128))
     assert 5 <= (stop[:20] >= 0).sum() < 20  # a mix of stopped and not: the comparison means something
     for r in range(len(y)):

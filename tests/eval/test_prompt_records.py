@@ -167,16 +167,17 @@ def test_detect_prompts_refuses_a_mismatch_with_the_trace(tmp_path, capsys, monk
 def gate_like(d: Path, extra: int = 216, seed: int = 4) -> tuple[Path, Path]:
     """One run as `training/gate.py` records it: 24 gate prompts (ids 0-23, one seed for the batch) at 4 checkpoints,
     and, where the last checkpoint's comparison with the best was close, an extension batch (ids 24.., its own
-    seed) scored for those two checkpoints only. The last checkpoint is 0.06 below the best: about 2 SEs of the
-    paired mean on 24 prompts (undecided), about 7 on 240."""
+    seed) scored for the checkpoints the rule named: the first, the best and the last (the default relative margin
+    0.125 judges the contrast last - 0.875 best - 0.125 first). The last checkpoint is 0.1 below the best, 0.0625
+    beyond the relative margin: about 2.3 SEs of the contrast's mean on 24 prompts (undecided), about 7 on 240."""
     rng = np.random.default_rng(seed)
     n = 24 + extra
     difficulty = rng.normal(size=n)
-    quality = {0: 0.0, 10: 0.3, 20: 0.29, 30: 0.24}
+    quality = {0: 0.0, 10: 0.3, 20: 0.29, 30: 0.2}
     rows, trace = [], []
     for step, q in quality.items():
         y = difficulty + q + rng.normal(0, 0.1, n)
-        ids = range(24) if step in (0, 20) or extra == 0 else range(n)  # steps 10 (best) and 30 were extended
+        ids = range(24) if step == 20 or extra == 0 else range(n)  # steps 0 (first), 10 (best), 30 were extended
         rows += [{"run_id": "r", "step": step, "prompt_id": str(j), "gold_score": y[j],
                   "seed": 7000 if j < 24 else 7001} for j in ids]
         trace.append({"run_id": "r", "step": step, "eval_score": y[:24].mean()})
@@ -194,11 +195,11 @@ def test_extension_batches_are_read_and_decide_a_close_call(tmp_path, capsys, mo
         df = load_prompt_records(prompts)
         steps, ids, scores = paired_matrix(df)
         assert ids[:3] == ["0", "1", "2"] and len(ids) == 24 + extra  # the pool's order, not text order
-        assert np.isnan(scores[[0, 2], 24:]).all() and np.isfinite(scores[[1, 3]]).all()
+        assert np.isnan(scores[2, 24:]).all() and np.isfinite(scores[[0, 1, 3]]).all()
         code, _, err = run_cli(["detect", trace, "--prompts", prompts, "--out", d / "v.csv"], capsys, monkeypatch)
         assert code == 0, err
         verdicts[extra] = pd.read_csv(d / "v.csv").iloc[0]
-    assert verdicts[0]["stopped"] == 0  # 24 prompts cannot tell 0.06 from noise
+    assert verdicts[0]["stopped"] == 0  # 24 prompts cannot tell 0.0625 from noise
     assert verdicts[216]["stopped"] == 1 and verdicts[216]["stop_step"] == 30 and verdicts[216]["best_step"] == 10
 
 
@@ -222,7 +223,7 @@ def test_a_broken_extension_batch_is_named(tmp_path):
 def test_an_explicit_batch_column(tmp_path):
     _, prompts = gate_like(tmp_path)
     _rewrite(prompts, lambda df: df.assign(batch=np.where(df.seed == "7000", "0", "1"), seed="5"))
-    assert len(load_prompt_records(prompts)) == 4 * 24 + 2 * 216
+    assert len(load_prompt_records(prompts)) == 4 * 24 + 3 * 216  # steps 0, 10 and 30 extended
     _rewrite(prompts, lambda df: df.assign(batch="0"))  # all one batch: the extension prompts are then missing
-    with pytest.raises(BadInput, match="step 0 lacks prompt '24'"):
+    with pytest.raises(BadInput, match="step 20 lacks prompt '24'"):
         load_prompt_records(prompts)

@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 
 from eval.paired import PairedStop
-from scheduling.paired_report import keep_section, load_part, render, summarize, verdict_rows, write_section
+from scheduling.paired_report import (
+    keep_section,
+    load_part,
+    relative_frontier,
+    render,
+    summarize,
+    verdict_rows,
+    write_section,
+)
 
 STEPS = [0, 5, 10, 15, 20, 25, 30, 35, 40, 45]
 PROMPTS = 128
@@ -52,6 +60,13 @@ def part(tmp_path_factory):
     close[7:, 64:] += -0.8
     close[6, :] += rng.normal(0, 0.01, PROMPTS)
     runs["close"] = close
+    # close at the default relative margin (0.125 x the gain of 1.2 = 0.15): the gate's 64 prompts fall 0.25 (0.1
+    # beyond the margin, about 2.7 SEs: undecided), the pool's 0.8
+    close_rel = _curve([0, 0.3, 0.6, 0.9, 1.2, 1.2, 1.2, 1.2, 1.2, 1.2], rng, 0.0, diff)
+    close_rel[7:, :64] += -0.25 + rng.normal(0, 0.3, (3, 64))
+    close_rel[7:, 64:] += -0.8
+    close_rel[4:7, :] += rng.normal(0, 0.01, (3, PROMPTS))
+    runs["close_rel"] = close_rel
     root = tmp_path_factory.mktemp("part")
     _write_part(root / "tune", runs)
     return load_part(root / "tune")
@@ -73,8 +88,8 @@ def test_labels_and_stops(part):
 def test_close_decision_needs_the_extension_and_is_charged(part):
     close = [r for r in part.runs if r.run_id == "close"]
     sub = type(part)(close, part.scores, part.pool_s_per_prompt, part.gate_s)
-    without = verdict_rows(sub, PairedStop(alpha=0.02), 0.0).iloc[0]
-    with_ext = verdict_rows(sub, PairedStop(alpha=0.02), 0.25).iloc[0]
+    without = verdict_rows(sub, PairedStop(alpha=0.02, relative_margin=0.0), 0.0).iloc[0]
+    with_ext = verdict_rows(sub, PairedStop(alpha=0.02, relative_margin=0.0), 0.25).iloc[0]
     assert without["stopped"] == 0 and without["extra_evals"] == 0
     assert with_ext["stopped"] == 1
     # charged: whole 32-prompt batches for the two checkpoints of each close call, within 25% of the gate
@@ -84,8 +99,36 @@ def test_close_decision_needs_the_extension_and_is_charged(part):
     assert with_ext["extra_eval_s"] == pytest.approx(with_ext["extra_evals"] / 32)
 
 
+def test_a_relative_margin_extends_the_first_checkpoint_too(part):
+    """At the default relative margin the close call's contrast reads the first checkpoint: the extension scores the
+    pool's next batch for three checkpoints (first, reference, current) and charges 3 x 32 prompts; at relative
+    margin 0 the gate's 64 prompts settle the same fall at once (0.25 is about 6.7 SEs), with no extra eval."""
+    sub = type(part)([r for r in part.runs if r.run_id == "close_rel"], part.scores, part.pool_s_per_prompt,
+                     part.gate_s)
+    assert verdict_rows(sub, PairedStop(alpha=0.02), 0.0).iloc[0]["stopped"] == 0
+    rel = verdict_rows(sub, PairedStop(alpha=0.02), 0.25).iloc[0]
+    plain = verdict_rows(sub, PairedStop(alpha=0.02, relative_margin=0.0), 0.25).iloc[0]
+    assert rel["stopped"] == 1 and rel["stop_step"] == 35 and rel["extra_evals"] == 3 * 32
+    assert plain["stopped"] == 1 and plain["stop_step"] == 35 and plain["extra_evals"] == 0
+    assert rel["extra_eval_s"] == pytest.approx(3 * 32 / 32)  # pool_s 2.0 over 64 prompts: 1/32 s a prompt
+
+
+def test_relative_frontier_counts(part):
+    """The in-sample frontier over two parts (the fixture twice): at rho 0 the hacking run is stopped usefully and
+    both close calls (healthy by the label: their gate means fall less than 3 noise SDs) are false stops; at 0.125
+    the small one (0.08 on the gate, under 0.125 x 1.2 = 0.15) is not; the flat run never is."""
+    labels = {r.run_id: r.label for r in part.runs}
+    assert labels == {"hack": 1, "flat": 0, "close": 0, "close_rel": 0}
+    table = relative_frontier({"a": part, "b": part}, 0.25, grid=(0.0, 0.125)).splitlines()
+    assert len(table) == 2 + 3 and table[-1].startswith("| noisepatience |")
+    assert table[2].startswith("| paired, relative margin 0 | 2/2 = 100.0% ") and "| 4/6 = 66.7% " in table[2]
+    assert table[3].startswith("| paired, relative margin 0.125 | 2/2 = 100.0% ") and "| 2/6 = 33.3% " in table[3]
+    assert table[2].count("| 1/1, 2/3, ") == 2 and table[3].count("| 1/1, 1/3, ") == 2  # per part, each part
+
+
 def test_summary_bounds_and_section(part, tmp_path):
-    sub = type(part)([r for r in part.runs if r.run_id != "close"], part.scores, part.pool_s_per_prompt, part.gate_s)
+    sub = type(part)([r for r in part.runs if r.run_id not in ("close", "close_rel")], part.scores,
+                     part.pool_s_per_prompt, part.gate_s)
     q = summarize(verdict_rows(sub, PairedStop(alpha=0.02), 0.25))
     healthy = q["healthy"]
     assert (q["hacking"], healthy, q["useful"], q["false_stops"]) == (1, 1, 1, 0)
