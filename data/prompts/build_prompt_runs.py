@@ -5,13 +5,20 @@ prompt scored with common random numbers at step 0 and at every gate.
     python data/prompts/build_prompt_runs.py --half a --workers 16 --work runs/prompts-work --deadline 540
     python data/prompts/build_prompt_runs.py --assemble --work runs/prompts-work
 
+The fresh report part (data/prompts/DECLARATION-fresh.md: the same variants on seeds 72-91, recorded sealed):
+
+    python data/prompts/build_prompt_runs.py --part fresh --list
+    python data/prompts/build_prompt_runs.py --part fresh --workers 16 --work runs/prompts-fresh-work --deadline 540
+    python data/prompts/build_prompt_runs.py --part fresh --assemble --work runs/prompts-fresh-work
+
 Each run writes `<work>/<run>.trace.csv` (one row per checkpoint, Trace-CSV format) and `<work>/<run>.prompts.csv`
 (one row per prompt and checkpoint: the `eval.prompt_records` format); the trace file is written last and marks the
 run done. Runs are grouped by seed (one task per seed and half, so a seed's warm start is built once per process);
 `--deadline S` starts no run after S seconds (the finished runs are kept, the rest are left for another call).
 `--assemble` merges the finished runs: the tune part into `data/prompts/tune/` (traces.csv, prompts.csv.gz), the
 report part into `data/prompts/report/` (recorded into `data/sealed/prompts_report/` and unread until the paired
-rule and its defaults were committed), printing run and row counts.
+rule and its defaults were committed), printing run and row counts; with `--part fresh`, the fresh part into
+`data/sealed/prompts_fresh/` (sealed: nothing reads it until it is moved, DECLARATION-fresh.md).
 """
 
 from __future__ import annotations
@@ -42,6 +49,12 @@ TUNE_DIR = REPO / "data" / "prompts" / "tune"
 #: the report part was recorded into data/sealed/prompts_report/ and moved here once the paired rule and its defaults
 #: were committed (eval/paired.py at b05e9aa: alpha 0.02, margin 0, min_prompts 10, warmup 0)
 REPORT_DIR = REPO / "data" / "prompts" / "report"
+#: the fresh report part (DECLARATION-fresh.md): seeds 72-91, recorded into data/sealed/prompts_fresh/ and read once,
+#: after it is moved to data/prompts/fresh/, by the table's command
+FRESH_SEEDS = tuple(range(72, 92))
+FRESH_DIR = REPO / "data" / "sealed" / "prompts_fresh"
+#: part -> (its declared seeds, where --assemble writes it)
+PARTS = {"tune": (TUNE_SEEDS, TUNE_DIR), "report": (REPORT_SEEDS, REPORT_DIR), "fresh": (FRESH_SEEDS, FRESH_DIR)}
 
 _GAME = {"kind": "gameable_reward", "bonus": 0.5}
 #: (name, overrides) as declared; half "a" is the first five, half "b" the last five (each 3 plain + 2 gameable)
@@ -67,7 +80,7 @@ def run_id(name: str, seed: int) -> str:
 
 
 def part_of(seed: int) -> str:
-    return "tune" if seed in TUNE_SEEDS else "report"
+    return next(part for part, (seeds, _) in PARTS.items() if seed in seeds)
 
 
 def grid(seeds=TUNE_SEEDS + REPORT_SEEDS) -> list[tuple[str, dict, int]]:
@@ -211,8 +224,25 @@ def _concat(paths: list[Path], out: Path, gz: bool) -> int:
     return n
 
 
-def assemble(work: Path) -> int:
-    for part, seeds, dest in (("tune", TUNE_SEEDS, TUNE_DIR), ("report", REPORT_SEEDS, REPORT_DIR)):
+def plan(part: str | None = None, seeds: tuple[int, ...] | None = None,
+         half: str = "all") -> list[tuple[str, dict, int]]:
+    """The runs to record, in order: the declared part's seeds (None: the first corpus, tune and report), or the
+    subset `seeds` of them, with the variants of `half` (a: the first five, b: the last five, all)."""
+    declared = PARTS[part][0] if part else TUNE_SEEDS + REPORT_SEEDS
+    if seeds is None:
+        seeds = declared
+    elif not set(seeds) <= set(declared):
+        bad = sorted(set(seeds) - set(declared))
+        where = f"the {part} part's" if part else "the first corpus's"
+        raise ValueError(f"seeds: {bad} are not {where} declared seeds ({declared[0]}-{declared[-1]})")
+    names = {"a": [n for n, _ in VARIANTS[:5]], "b": [n for n, _ in VARIANTS[5:]],
+             "all": [n for n, _ in VARIANTS]}[half]
+    return [r for r in grid(seeds) if r[0].split("/")[1] in names]
+
+
+def assemble(work: Path, parts: tuple[str, ...] = ("tune", "report")) -> int:
+    for part in parts:
+        seeds, dest = PARTS[part]
         runs = grid(seeds)
         have = [rid for rid, _, _ in runs if _file(work, rid, "trace").exists()]
         if not have:
@@ -228,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--list", action="store_true", help="print the declared runs and exit")
     ap.add_argument("--half", choices=("a", "b", "all"), default="all", help="variants 1-5 (a), 6-10 (b) or all")
+    ap.add_argument("--part", choices=tuple(PARTS), help="one declared part (fresh: DECLARATION-fresh.md, seeds "
+                    "72-91, assembled sealed); default: the first corpus (tune and report)")
     ap.add_argument("--seeds", help="comma-separated subset of the declared seeds (default: all)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--work", type=Path, default=REPO / "runs" / "prompts-work")
@@ -238,15 +270,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--assemble", action="store_true")
     args = ap.parse_args(argv)
     if args.assemble:
-        return assemble(args.work)
-    seeds = TUNE_SEEDS + REPORT_SEEDS
+        return assemble(args.work, (args.part,) if args.part else ("tune", "report"))
+    seeds = None
     if args.seeds:
-        seeds = tuple(int(s) for s in args.seeds.split(","))
-        if not set(seeds) <= set(TUNE_SEEDS + REPORT_SEEDS):
-            raise SystemExit(f"error: --seeds: {args.seeds} are not all declared seeds (56-71)")
-    names = {"a": [n for n, _ in VARIANTS[:5]], "b": [n for n, _ in VARIANTS[5:]],
-             "all": [n for n, _ in VARIANTS]}[args.half]
-    runs = [r for r in grid(seeds) if r[0].split("/")[1] in names]
+        try:
+            seeds = tuple(int(s) for s in args.seeds.split(","))
+        except ValueError:
+            raise SystemExit(f"error: --seeds: '{args.seeds}' is not a comma-separated list of integers") from None
+    try:
+        runs = plan(args.part, seeds, args.half)
+    except ValueError as err:
+        raise SystemExit(f"error: --{err} (give --part for another declared part)") from None
     if args.list:
         for i, (rid, _, seed) in enumerate(runs):
             print(i, rid, part_of(seed), "done" if _file(args.work, rid, "trace").exists() else "")
