@@ -50,9 +50,8 @@ def register(app: typer.Typer) -> None:
                                  "run_dir": ".", "resume": not fresh})
         checked = request.checked()
         # torch: only once the request is known good, so a config error is reported in under a second
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from rlhfops.console import make_console
+        from rlhfops.console import Progress, make_console
         from training.lifecycle import JOB_DONE, JobHooks, job_record, run_job
         from training.rundir import locked_run_dir
         from training.trace import export_trace
@@ -71,9 +70,9 @@ def register(app: typer.Typer) -> None:
         spec, supervisor = build(request, checked, run_id=f"{config.stem}-{overlap}", pausable=gated,
                                  run_through_pause=not gated)
         total = spec.steps
-        seen = {"first": 0, "last": None, "best": (-math.inf, 0), "task": None}
-        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            TextColumn("{task.fields[info]}"), console=console)
+        seen = {"first": 0, "last": None, "best": (-math.inf, 0)}
+        # a bar on a terminal; flushed done/total lines when the output is a pipe or a file (nohup, CI)
+        progress = Progress(console)
 
         class TrainHooks(JobHooks):
             """`rlhfops train`'s side of the job: its own worker (resume unless --fresh), a progress bar; checkpoints
@@ -84,7 +83,8 @@ def register(app: typer.Typer) -> None:
                 trainer = Trainer(spec.config, spec.overlap, spec.out_dir, resume=not fresh,
                                   progress=lambda m: console.print(f"[dim]{m}[/dim]"))
                 seen["first"] = trainer.step
-                seen["task"] = progress.add_task(f"PPO {spec.overlap}", total=total, completed=trainer.step, info="")
+                progress.stage(f"PPO {spec.overlap}", total=total)
+                progress.update(trainer.step)  # a resumed run starts where its checkpoint is
                 return trainer
 
             def on_step(self, rec, supervisor):
@@ -92,8 +92,8 @@ def register(app: typer.Typer) -> None:
                 if not math.isnan(rec.gold_eval) and rec.gold_eval > seen["best"][0]:
                     seen["best"] = (rec.gold_eval, rec.step)
                 gold = "" if math.isnan(rec.gold_eval) else f" gold {rec.gold_eval:+.3f}"
-                progress.update(seen["task"], completed=rec.step,
-                                info=f"reward {rec.reward_mean:+.3f}{gold} kl {rec.kl:.2f} Δ {rec.delta}")
+                progress.update(rec.step)
+                progress.status(f"reward {rec.reward_mean:+.3f}{gold} kl {rec.kl:.2f} Δ {rec.delta}")
                 return None
 
             def score(self, spec, checkpoints):

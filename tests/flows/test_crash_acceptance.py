@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -254,6 +255,9 @@ def test_two_trains_on_one_run_directory_one_runs_the_other_exits_2(tmp_path):
     lines = outputs[loser][1].strip().splitlines()
     assert len(lines) == 1 and "--out: run directory" in lines[0] and f"in use by pid {procs[winner].pid}" in lines[0]
     assert list(pd.read_csv(out / "metrics.csv")["step"]) == list(range(1, 7))  # every step once, in order
+    # the winner's output is a pipe: its progress arrives as plain lines (a rich bar printed nothing there)
+    assert re.search(r"\] stage 1: PPO \w+ \(0/6\)$", outputs[winner][0], re.M), outputs[winner][0]
+    assert re.search(r"\]   done: PPO \w+ \(6/6\) in \d+\.\d s$", outputs[winner][0], re.M), outputs[winner][0]
     print(f"\ntwo writers: one refused, the other wrote 6/6 steps; wall {wall:.0f} s")
 
 
