@@ -166,7 +166,8 @@ class JobObserver:
 def evidence_of(detector: Any, monitor: Any) -> dict[str, Any]:
     """The evidence a gate monitor stopped on, as a job's record keeps it: for the paired rule the comparison(s)
     whose confidence sequence lay below -margin (reference step, current step, prompts paired, mean difference, its
-    bounds, the level) and the checkpoint it keeps; for a detector on means, its name and parameters."""
+    bounds, the level; with a relative margin the contrast's mean and upper bound, which decided, and the first
+    checkpoint's step) and the checkpoint it keeps; for a detector on means, its name and parameters."""
     out: dict[str, Any] = {"detector": getattr(detector, "name", None)}
     params = getattr(detector, "params", None)
     if callable(params):
@@ -174,10 +175,15 @@ def evidence_of(detector: Any, monitor: Any) -> dict[str, Any]:
     comparisons = getattr(monitor, "comparisons", None)
     if comparisons:
         margin = float(getattr(detector, "margin", 0.0))
-        fired = [c for c in comparisons if c.upper < -margin] or list(comparisons)
+        rho = float(getattr(detector, "relative_margin", 0.0))
+        # the bound a pair fires on: with a relative margin, its contrast's (current - (1 - rho) reference - rho first)
+        fired = [c for c in comparisons if (c.c_upper if rho else c.upper) < -margin] or list(comparisons)
         out["comparisons"] = [{"reference_step": c.reference_step, "step": c.step, "prompts": c.n,
-                               "mean_diff": c.mean, "lower": c.lower, "upper": c.upper, "alpha": c.alpha}
+                               "mean_diff": c.mean, "lower": c.lower, "upper": c.upper, "alpha": c.alpha,
+                               **({"contrast_mean": c.c_mean, "contrast_upper": c.c_upper} if rho else {})}
                               for c in fired]
+        if rho and getattr(monitor, "steps", None):
+            out["first_step"] = monitor.steps[0]
         kept = getattr(monitor, "kept_step", math.nan)
         if kept == kept:
             out["kept_step"] = kept
@@ -187,16 +193,22 @@ def evidence_of(detector: Any, monitor: Any) -> dict[str, Any]:
 def describe_evidence(evidence: Mapping[str, Any] | None) -> str:
     """One line for a pause's evidence (`evidence_of`), what a tenant reads: for the paired rule the comparison that
     fired (`step 16 is 0.378 below step 12 on 96 paired prompts, upper bound -0.043 below -margin (0) at level
-    2.2e-04; paired keeps step 12`), else the
-    detector and its parameters."""
+    2.2e-04; paired keeps step 12`; with a relative margin the bound is its contrast's: `..., 0.300 beyond 0.125 x
+    its gain over step 0, upper bound ...`), else the detector and its parameters."""
     if not evidence:
         return "none recorded"
     comparisons = evidence.get("comparisons")
     if comparisons:
-        margin = float((evidence.get("params") or {}).get("margin", 0.0))
-        c = min(comparisons, key=lambda c: c["upper"])
+        params = evidence.get("params") or {}
+        margin = float(params.get("margin", 0.0))
+        rho = float(params.get("relative_margin", 0.0))
+        contrast = bool(rho) and all("contrast_upper" in c for c in comparisons)
+        c = min(comparisons, key=lambda c: c["contrast_upper" if contrast else "upper"])
+        beyond = (f", {-c['contrast_mean']:.3f} beyond {rho:g} x its gain over step "
+                  f"{evidence.get('first_step', math.nan):g}" if contrast else "")
         return (f"step {c['step']:g} is {-c['mean_diff']:.3f} below step {c['reference_step']:g} on {c['prompts']} "
-                f"paired prompts, upper bound {c['upper']:+.3f} below -margin ({margin:g}) at level {c['alpha']:.1e}; "
+                f"paired prompts{beyond}, upper bound {c['contrast_upper' if contrast else 'upper']:+.3f} below "
+                f"-margin ({margin:g}) at level {c['alpha']:.1e}; "
                 f"{evidence.get('detector')} keeps step {evidence.get('kept_step', c['reference_step']):g}")
     params = evidence.get("params") or {}
     args = ", ".join(f"{k}={v:g}" if isinstance(v, int | float) else f"{k}={v}" for k, v in params.items())

@@ -109,6 +109,33 @@ def test_the_paired_evidence_names_the_comparison_that_stopped_the_job():
     assert ev["detector"] == "paired" and ev["params"]["alpha"] == 0.02
 
 
+def test_the_evidence_of_a_relative_margin_is_its_contrast():
+    """relative_margin 0.2, three checkpoints on 8 prompts: step 10 is 0.4 below step 5, which gained 1.0 over step
+    0; the contrast y10 - 0.8 y5 - 0.2 y0 has mean -0.2 (worked by hand in tests/eval/test_paired_rule.py) and its
+    t bound at 0.02 / 36 on 8 prompts, SD sqrt(13.12e-4 / 7), is what fired and what the line reports."""
+    from scipy import stats
+
+    from eval.paired import PairedStop
+    from scheduling.live import describe_evidence, evidence_of
+
+    det = PairedStop(alpha=0.02, min_prompts=4, relative_margin=0.2)
+    monitor = det.start()
+    b = [0.0, 1.0, 2.0, 3.0] * 2
+    e1 = [0.01, -0.01] * 4
+    e2 = [0.01, 0.01, -0.01, -0.01] * 2
+    assert not monitor.observe_scores(0, b)
+    assert not monitor.observe_scores(5, [x + 1.0 + e for x, e in zip(b, e1, strict=True)])
+    assert monitor.observe_scores(10, [x + 0.6 + e for x, e in zip(b, e2, strict=True)])
+    ev = evidence_of(det, monitor)
+    (c,) = ev["comparisons"]  # only the pair (5, 10) fired: against step 0 the contrast is +0.6
+    upper = -0.2 + stats.t.isf(0.02 / 36, 7) * math.sqrt(13.12e-4 / 7) / math.sqrt(8)
+    assert c["reference_step"] == 5.0 and c["contrast_mean"] == pytest.approx(-0.2)
+    assert c["contrast_upper"] == pytest.approx(upper) and ev["first_step"] == 0.0 and ev["kept_step"] == 5.0
+    assert describe_evidence(ev) == (f"step 10 is 0.400 below step 5 on 8 paired prompts, 0.200 beyond 0.2 x its "
+                                     f"gain over step 0, upper bound {upper:+.3f} below -margin (0) at level "
+                                     f"{0.02 / 12:.1e}; paired keeps step 5")
+
+
 def test_a_pause_is_described_by_its_difference_bound_prompts_and_reference():
     from scheduling.live import describe_evidence
 
