@@ -481,3 +481,335 @@ def test_a_paused_runs_job_json_without_its_run_reason_or_step_reads_back_empty(
     assert type(paused_run(tmp_path).best_step) is int
     (tmp_path / JOB_DONE).write_text(json.dumps({"best_step": 2}))  # no state: not a paused run
     assert paused_run(tmp_path) is None
+
+
+# ------------------------------------------------------------- the gate a job runs, its catalog, its evidence
+def _cfg_spec(config):
+    from training.lifecycle import JobSpec
+
+    return JobSpec(tenant="acme", name="gate", config=config)
+
+
+@pytest.mark.parametrize(("config", "warmup", "horizon"), [
+    (dict(steps=24, eval_every=2), 0, 11),  # 12 checkpoints, the first a reference only
+    (dict(steps=24, eval_every=2), 3, 9),   # a warm-up of 3: the first 3 are references only
+    (dict(steps=25, eval_every=4), 0, 5),   # 6 checkpoints (steps 4..24)
+    (dict(steps=24, eval_every=1), 0, 23),  # a gate at every step
+    (dict(steps=4, eval_every=2), 0, 1),    # exactly one judged look
+    (dict(steps=2, eval_every=2), 0, None),  # one checkpoint: nothing to judge, left as it is
+    (dict(steps=24, eval_every=0), 0, None),  # no gate planned
+    (dict(steps=24), 0, None),              # a config that plans no gate
+])
+def test_planned_gate_gives_a_paired_rule_its_judged_looks_by_hand(config, warmup, horizon):
+    """`steps // eval_every` checkpoints less the unjudged first (or the warm-up), on a copy; left alone (the same
+    object) when no look would be judged or no gate is planned."""
+    from types import SimpleNamespace
+
+    from eval.paired import PairedStop
+    from training.lifecycle import planned_gate
+
+    shared = PairedStop(warmup=warmup)
+    fitted = planned_gate(shared, _cfg_spec(SimpleNamespace(**config)))
+    if horizon is None:
+        assert fitted is shared and shared.horizon == 0
+    else:
+        assert fitted is not shared and fitted.horizon == horizon and shared.horizon == 0
+
+
+def test_planned_gate_reads_a_rule_without_a_warmup_as_judging_from_the_second_checkpoint():
+    """Any detector with `horizon` 0 is fitted, a warm-up it does not have counts as none: 12 checkpoints, 11 looks."""
+    from types import SimpleNamespace
+
+    from training.lifecycle import planned_gate
+
+    rule = SimpleNamespace(horizon=0)
+    fitted = planned_gate(rule, _cfg_spec(SimpleNamespace(steps=24, eval_every=2)))
+    assert fitted.horizon == 11 and rule.horizon == 0
+
+
+def test_planned_gate_leaves_a_rule_with_its_own_horizon_or_without_one_as_it_is():
+    from types import SimpleNamespace
+
+    from eval.paired import PairedStop
+    from eval.stop_rules import EvalStop
+    from training.lifecycle import planned_gate
+
+    spec = _cfg_spec(SimpleNamespace(steps=24, eval_every=2))
+    own, evalstop = PairedStop(horizon=7), EvalStop(k=2)
+    assert planned_gate(own, spec) is own and own.horizon == 7
+    assert planned_gate(evalstop, spec) is evalstop and planned_gate(None, spec) is None
+
+
+def test_make_supervisor_reads_the_specs_alert_file_and_profile_for_ppo_and_watches_the_tenant(tmp_path):
+    """An alerts file of its own (sync_stall's persist 6 instead of the shipped 5), the canary profile (reward_band's
+    window 10 instead of 30), PPO's own KL ceiling (6.0 instead of 1.0), the tenant's alert routing and the given
+    metrics."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from training.lifecycle import JobSpec, make_supervisor
+
+    shipped = (Path(__file__).resolve().parents[2] / "configs" / "alerts.yaml").read_text()
+    assert "params: {max_lag: 4.0, persist: 5}" in shipped
+    own = tmp_path / "alerts.yaml"
+    own.write_text(shipped.replace("params: {max_lag: 4.0, persist: 5}", "params: {max_lag: 4.0, persist: 6}"))
+    metrics = object()
+    spec = JobSpec(tenant="acme", name="j", config=SimpleNamespace(steps=5), alerts=str(own), alert_profile="canary")
+    sup = make_supervisor(spec, metrics=metrics)
+    alerts = sup.monitor.catalog.alerts
+    assert alerts["sync_stall"].persist == 6 and alerts["reward_band"].window == 10
+    assert alerts["kl_blowup"].ceiling == 6.0 and sup.monitor.catalog.algorithm == "ppo"
+    assert sup.monitor.tenant == "acme" and sup.metrics is metrics
+
+
+def test_gate_evidence_without_a_config_or_a_budget_extends_nothing_and_a_budget_of_one_does():
+    from types import SimpleNamespace
+
+    from training.lifecycle import gate_evidence
+
+    class Bare:
+        gate_records = {4: [SimpleNamespace(prompt_id=1, gold_score=0.5)]}
+
+        def extend_gate(self, pair):
+            return {}, 0.0
+
+    at4 = SimpleNamespace(step=4, gold_eval=0.5)
+    assert gate_evidence(Bare(), at4) == {"prompts": {"1": 0.5}}  # no `cfg` at all
+    no_budget = Bare()
+    no_budget.cfg = SimpleNamespace()
+    assert gate_evidence(no_budget, at4) == {"prompts": {"1": 0.5}}  # a config without a budget
+    one = Bare()
+    one.cfg = SimpleNamespace(eval_extra_budget=1)
+    assert sorted(gate_evidence(one, at4)) == ["extend", "prompts"]
+
+
+def test_read_history_up_to_step_one_reads_step_one(tmp_path):
+    import csv
+
+    from training.lifecycle import read_history
+
+    with (tmp_path / "metrics.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerows([["step", "policy_version", "reward_mean"], [1, 1, 0.1], [2, 2, 0.2]])
+    assert [(r.step, r.reward_mean) for r in read_history(tmp_path, 1)] == [(1, 0.1)]
+
+
+# ----------------------------------------------------------------------- replay, and what run_job hands on
+def test_replay_charges_by_default_and_stops_at_a_gate_pause():
+    """Replayed steps are charged unless told otherwise (5 steps at 0.75 s on one CPU); a gate that pauses at step 4
+    ends the replay there, steps 1-4 returned."""
+    from eval.health import Catalog
+    from eval.supervisor import RunSupervisor
+    from infra.ledger import Ledger, PriceTable
+    from training.lifecycle import replay
+
+    class StopAt4:
+        label = name = "stop-at-4"
+
+        def start(self):
+            return self
+
+        def observe(self, cp):
+            return cp.step == 4
+
+    records = list(FakeTrainer().run(5))
+    ledger = Ledger(PriceTable(gpu_hour={"cpu": "0.05"}))
+    sup = RunSupervisor("r1", "acme", Catalog.from_file(None, algorithm="ppo").start(tenant="acme"), ledger=ledger,
+                        gpu_kind="cpu")
+    sup.provision()
+    sup.start()
+    assert [r["step"] for r in replay(records, sup)] == [1, 2, 3, 4, 5]
+    assert ledger.run_totals()["r1"].steps == 5 and ledger.run_totals()["r1"].gpu_seconds == pytest.approx(5 * 0.75)
+    gated = RunSupervisor("r2", "acme", Catalog.from_file(None, algorithm="ppo").start(tenant="acme"),
+                          gate_detector=StopAt4())
+    gated.provision()
+    gated.start()
+    assert [r["step"] for r in replay(records, gated)] == [1, 2, 3, 4]
+    assert gated.machine.status.label.startswith("PAUSED_BY_GATE")
+
+
+def test_a_retry_whose_replay_reaches_a_gate_pause_ends_paused_without_training(tmp_path):
+    """The worker dies before step 5; the retry's gate stops at checkpoint 4, which the replay of steps 1-4 reaches:
+    the job is paused there with the gate's reason and no step is trained again."""
+    from types import SimpleNamespace
+
+    from eval.health import Catalog
+    from eval.supervisor import RunSupervisor
+    from infra.ledger import Ledger, PriceTable
+    from training.lifecycle import JobSpec, run_job
+
+    class StopAt4:
+        label = name = "stop-at-4"
+
+        def start(self):
+            return self
+
+        def observe(self, cp):
+            return cp.step == 4
+
+    out = tmp_path / "job"
+    out.mkdir()
+    ledger = Ledger(PriceTable(gpu_hour={"cpu": "0.05"}))
+    executed, logged = {}, {}
+    spec = JobSpec(tenant="acme", name="j", config=SimpleNamespace(steps=10), run_id="try1", out_dir=out,
+                   pausable=True)
+    run_job(spec, hooks=_disk_hooks("try1", executed, logged, fail_at=5), supervisor=_disk_supervisor("try1", ledger))
+    gated = RunSupervisor("try2", "acme", Catalog.from_file(None, algorithm="ppo").start(tenant="acme"),
+                          gate_detector=StopAt4())
+    retry = run_job(spec, hooks=_disk_hooks("try2", executed, logged), supervisor=gated)
+    assert "try2" not in executed and retry.replayed == 4 and [r["step"] for r in retry.records] == [1, 2, 3, 4]
+    assert retry.decision == "paused" and retry.stop_reason == gated.machine.status.reason and retry.stop_reason
+    assert retry.status.label.startswith("PAUSED_BY_GATE") and retry.status.step == 4
+
+
+class RecordingHooks:
+    """JobHooks that record what run_job hands each hook: the spec, span kinds, the supervisor, calls to score."""
+
+    def __new__(cls, trainer, waited=0.0):
+        from contextlib import contextmanager
+
+        from training.lifecycle import JobHooks
+
+        calls: list = []
+
+        class Hooks(JobHooks):
+            @contextmanager
+            def hold_slots(self, spec):
+                calls.append(("hold_slots", spec))
+                yield waited
+
+            def start_worker(self, spec):
+                return trainer
+
+            def supervise(self, spec, loop):
+                calls.append(("supervise", spec))
+                return loop()
+
+            @contextmanager
+            def span(self, kind):
+                calls.append(("span", kind))
+                yield
+
+            def on_step(self, record, supervisor):
+                calls.append(("on_step", supervisor))
+
+            def score(self, spec, ckpts):
+                calls.append(("score", spec, list(ckpts)))
+                return []
+
+        hooks = Hooks()
+        hooks.calls = calls
+        return hooks
+
+
+def test_run_job_hands_each_hook_the_spec_times_its_slots_and_scores_nothing_without_a_run_directory():
+    import time
+
+    from training.lifecycle import run_job
+
+    spec = _spec(3)
+    hooks = RecordingHooks(FakeTrainer(), waited=1.5)
+    before = time.time()
+    out = run_job(spec, hooks=hooks)
+    after = time.time()
+    calls = hooks.calls
+    assert calls[0] == ("hold_slots", spec) and calls[1] == ("supervise", spec)
+    assert [c[1] for c in calls if c[0] == "span"] == ["work"] * 4  # three steps and the end of the run
+    assert [c[1] for c in calls if c[0] == "on_step"] == [out.supervisor] * 3
+    assert not [c for c in calls if c[0] == "score"]  # no run directory: nothing to score
+    assert out.spec is spec and out.slot_wait_s == 1.5
+    assert before <= out.slot_start <= out.slot_end <= after and 0.0 <= out.train_wall_s <= after - before
+    plain = run_job(spec, hooks=_hooks(FakeTrainer(), []))
+    assert plain.slot_wait_s == 0.0  # the default slots are held at once
+
+
+def test_run_job_scores_the_run_directorys_checkpoints_with_its_spec_and_spans_the_replay(tmp_path):
+    """An interrupted job (died before step 3) retried: the replay of steps 1-2 is logged in a `tracking` span; the
+    retry's checkpoints go to `score` with the job's spec."""
+    from types import SimpleNamespace
+
+    from infra.ledger import Ledger, PriceTable
+    from training.lifecycle import JobSpec, run_job
+
+    out = tmp_path / "job"
+    out.mkdir()
+    spec = JobSpec(tenant="acme", name="j", config=SimpleNamespace(steps=4), run_id="try1", out_dir=out)
+    ledger = Ledger(PriceTable(gpu_hour={"cpu": "0.05"}))
+    run_job(spec, hooks=_disk_hooks("try1", {}, {}, fail_at=3), supervisor=_disk_supervisor("try1", ledger))
+    hooks = RecordingHooks(DiskTrainer(out))
+    run_job(spec, hooks=hooks, supervisor=_disk_supervisor("try2", ledger))
+    spans = [c[1] for c in hooks.calls if c[0] == "span"]
+    assert spans[0] == "tracking" and spans[1:] == ["work"] * 3
+    assert [c for c in hooks.calls if c[0] == "score"] == [
+        ("score", spec, [str(out / "checkpoints" / f"step-{s:06d}") for s in (2, 4)])]
+
+
+def test_a_resumed_job_records_the_step_it_was_paused_at():
+    """Resuming a run paused at step 6 (kept checkpoint 6, reason 'declining'): the supervisor records the pause with
+    its step and reason, and the step it resumed from."""
+    from training.lifecycle import PausedRun, run_job
+
+    paused = PausedRun(run_id="seg1", paused_step=6, reason="declining", best_step=6)
+    out = run_job(_spec(8, pausable=True, resume=paused), hooks=_hooks(FakeTrainer(start=6), []))
+    assert out.supervisor.pauses == [(6, "declining", 6)] and out.decision == "completed"
+
+
+def test_a_failed_job_keeps_its_error_in_the_attribution():
+    from training.lifecycle import run_job
+
+    class Dies(FakeTrainer):
+        def run(self, total):
+            yield from super().run(2)
+            raise RuntimeError("worker died")
+
+    out = run_job(_spec(10), hooks=_hooks(Dies(), []))
+    assert out.decision == "failed" and out.status.label.startswith("FAILED")
+    assert "(RuntimeError: worker died)" in out.status.reason
+
+
+def test_supervise_called_alone_neither_pauses_nor_runs_through_and_hands_the_gate_its_prompts():
+    """`supervise` with its defaults: an observer's stop ends the loop `stopped` without pausing the run, and a gate
+    pause ends the loop `paused`; each step goes to the supervisor with the trainer's gate evidence."""
+    from types import SimpleNamespace
+
+    from eval.states import RunState
+    from training.lifecycle import supervise
+
+    class FakeSupervisor:
+        def __init__(self, pause_at=None):
+            self.pause_at, self.seen, self.paused = pause_at, [], []
+            self.machine = SimpleNamespace(state=RunState.RUNNING, status=SimpleNamespace(reason="gate"))
+
+        def observe(self, rec, **evidence):
+            self.seen.append((rec.step, evidence))
+            if rec.step == self.pause_at:
+                self.machine.state = RunState.PAUSED_BY_GATE
+
+        def pause(self, step, reason):
+            self.paused.append((step, reason))
+
+    trainer = FakeTrainer()
+    trainer.gate_records = {2: [SimpleNamespace(prompt_id=7, gold_score=1.0)]}
+    sup = FakeSupervisor()
+    res = supervise(trainer, sup, 10, observe=lambda step, m: "enough" if step == 4 else None)
+    assert (res.decision, res.stop_reason, sup.paused) == ("stopped", "enough", [])
+    assert [s for s, _ in sup.seen] == [1, 2, 3, 4] and sup.seen[1][1] == {"prompts": {"7": 1.0}}
+    assert sup.seen[0][1] == {} and 0.0 <= res.wall_s < 60.0
+    gated = supervise(FakeTrainer(), FakeSupervisor(pause_at=2), 10)
+    assert (gated.decision, gated.stop_reason, len(gated.records)) == ("paused", "gate", 2)
+
+
+def test_the_default_score_hook_reports_each_checkpoints_gold_mean_se_n_and_unparseable_rate(monkeypatch):
+    """`JobHooks.score` with `training.trainer.gold_eval` replaced (no torch): one row per checkpoint, named fields."""
+    import sys
+    import types
+    from types import SimpleNamespace
+
+    from training.lifecycle import JobHooks
+
+    fake = types.ModuleType("training.trainer")
+    fake.gold_eval = lambda ckpt: SimpleNamespace(mean=0.5, se=0.02, n=64, unparseable_rate=0.25)
+    monkeypatch.setitem(sys.modules, "training.trainer", fake)
+    rows = JobHooks().score(_spec(4), ["runs/x/checkpoints/step-000004"])
+    assert rows == [{"checkpoint": "runs/x/checkpoints/step-000004", "step": 4, "eval_score": 0.5, "eval_se": 0.02,
+                     "n": 64, "unparseable_rate": 0.25}]
