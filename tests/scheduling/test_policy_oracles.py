@@ -182,6 +182,15 @@ def test_early_stop_wrapper_saved_compute_with_eval_minutes(coalesce):
 
 
 @BOTH_PATHS
+def test_the_eval_a_job_ends_at_is_its_final_eval(coalesce):
+    """The jobs above: under StopAt0.5+FIFO A ends at its 2nd checkpoint (eval 0.7), B at its last (0.5); under FIFO
+    alone A runs to its last (0.4)."""
+    wl = hand_workload(STOP_JOBS)
+    assert simulate(wl, parse_scheduler("StopAt0.5+FIFO"), gpus=2, coalesce=coalesce).final_eval.tolist() == [0.7, 0.5]
+    assert simulate(wl, FIFO(), gpus=2, coalesce=coalesce).final_eval.tolist() == [0.4, 0.5]
+
+
+@BOTH_PATHS
 def test_early_stop_at_the_last_checkpoint_saves_nothing(coalesce):
     # StopAt1 fires at A's final checkpoint: stopped (it keeps its best, not its final model) but nothing is saved
     wl = hand_workload(STOP_JOBS[:1])
