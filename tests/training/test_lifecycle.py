@@ -562,6 +562,15 @@ def test_make_supervisor_reads_the_specs_alert_file_and_profile_for_ppo_and_watc
     assert sup.monitor.tenant == "acme" and sup.metrics is metrics
 
 
+def test_make_supervisor_runs_a_given_gate_whatever_detector_the_spec_names():
+    from eval.stop_rules import EvalStop
+    from training.lifecycle import make_supervisor
+
+    gate = EvalStop(k=2)  # no planned horizon: run as it is
+    assert make_supervisor(_spec(7), gate=gate).gate_detector is gate
+    assert make_supervisor(_spec(7, detector="paired"), gate=gate).gate_detector is gate
+
+
 def test_gate_evidence_without_a_config_or_a_budget_extends_nothing_and_a_budget_of_one_does():
     from types import SimpleNamespace
 
@@ -813,3 +822,57 @@ def test_the_default_score_hook_reports_each_checkpoints_gold_mean_se_n_and_unpa
     rows = JobHooks().score(_spec(4), ["runs/x/checkpoints/step-000004"])
     assert rows == [{"checkpoint": "runs/x/checkpoints/step-000004", "step": 4, "eval_score": 0.5, "eval_se": 0.02,
                      "n": 64, "unparseable_rate": 0.25}]
+
+
+# ------------------------------------------------------------------ what a platform round's jobs.csv says ended a job
+def _outcome(state, decision="completed", pages=None, failure=None, records=()):
+    from types import SimpleNamespace
+
+    machine = SimpleNamespace() if pages is None else SimpleNamespace(pages=pages)
+    status = SimpleNamespace(state=SimpleNamespace(value=state),
+                             failure=None if failure is None else SimpleNamespace(value=failure))
+    return SimpleNamespace(status=status, supervisor=SimpleNamespace(machine=machine), decision=decision,
+                           records=list(records))
+
+
+@pytest.mark.parametrize(("outcome", "said"), [
+    # FAILED with paging alerts: the first to page, at the step it paged (a float step read as a whole number)
+    (dict(state="FAILED", decision="paused", pages=[("kl_blowup", 5.0), ("reward_band", 3)]),
+     "failed: kl_blowup at step 5"),
+    (dict(state="FAILED", pages=[("dead_run", None)]), "failed: dead_run"),  # an alert that names no step
+    # FAILED without a page: the failure class (or 'error') at the last step recorded (0 without records)
+    (dict(state="FAILED", decision="failed", pages=[], failure="platform_fault", records=[{"step": 1}, {"step": 7.0}]),
+     "failed: platform_fault at step 7"),
+    (dict(state="FAILED", decision="failed", records=[{"step": 3}]), "failed: error at step 3"),
+    (dict(state="FAILED", decision="failed", failure="tenant_code_fault"), "failed: tenant_code_fault at step 0"),
+    # not failed: a gate or observer stop says 'stopped', else the loop's own word
+    (dict(state="PAUSED_BY_GATE", decision="paused"), "stopped"),
+    (dict(state="PAUSED_BY_GATE", decision="stopped"), "stopped"),
+    (dict(state="SUCCEEDED", decision="stopped"), "stopped"),
+    (dict(state="SUCCEEDED", decision="paused"), "paused"),  # a gate pause on a job that is not pausable
+    (dict(state="DEGRADED", decision="paused"), "paused"),
+    (dict(state="SUCCEEDED", decision="completed"), "completed"),
+])
+def test_ended_by_names_the_first_paging_alert_the_failure_or_the_stop_by_hand(outcome, said):
+    from types import SimpleNamespace
+
+    from training.lifecycle import ended_by
+
+    pages = outcome.pop("pages", None)
+    if pages is not None:
+        pages = [SimpleNamespace(alert=a) if s is None else SimpleNamespace(alert=a, step=s) for a, s in pages]
+    assert ended_by(_outcome(pages=pages, **outcome)) == said
+
+
+def test_ended_by_a_real_failed_job_states_its_failure_class_and_last_step():
+    """A worker that dies after step 2: FAILED as a platform fault, no alert paged: 'failed: platform_fault at step
+    2'."""
+    from training.lifecycle import ended_by, run_job
+
+    class Dies(FakeTrainer):
+        def run(self, total):
+            yield from super().run(2)
+            raise RuntimeError("worker died")
+
+    out = run_job(_spec(10), hooks=_hooks(Dies(), []))
+    assert ended_by(out) == "failed: platform_fault at step 2"
