@@ -28,6 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "testing.md"
 EQUIVALENTS = ROOT / "tests" / "mutation_equivalents.toml"
+#: one file per module may hold its explanations beside the main one (`mutation_equivalents_<module>.toml`), so two
+#: people explaining two modules' survivors do not edit one file
+EQUIVALENT_FILES = "mutation_equivalents*.toml"
 START, END = "<!-- mutation-report:start -->", "<!-- mutation-report:end -->"
 #: mutmut's statuses that mean a test noticed the mutant (a timeout is counted apart: on a loaded machine a slow but
 #: correct run can time out too, so it is not counted as killed)
@@ -82,6 +85,17 @@ def table(by_module: dict[str, Counter], order: list[str], later: Counter) -> li
     return rows
 
 
+def load_explanations() -> dict[str, dict]:
+    """Every `[mutant."NAME"]` entry of tests/mutation_equivalents*.toml; a name explained in two files is an error."""
+    explained: dict[str, dict] = {}
+    for path in sorted(EQUIVALENTS.parent.glob(EQUIVALENT_FILES)):
+        for name, entry in tomllib.loads(path.read_text()).get("mutant", {}).items():
+            if name in explained:
+                raise SystemExit(f"{path.name}: mutant {name} is explained twice; keep one entry")
+            explained[name] = entry
+    return explained
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/testing.md as it is")
@@ -100,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         m = MODULE.match(name)
         if m and m.group("module") in order:
             by_module[m.group("module")][st] += 1
-    explained = tomllib.loads(EQUIVALENTS.read_text()).get("mutant", {}) if EQUIVALENTS.is_file() else {}
+    explained = load_explanations()
 
     ours = {n: st for n, st in status.items() if (m := MODULE.match(n)) and m.group("module") in order}
     survivors = sorted(n for n, st in ours.items() if st == "survived")
