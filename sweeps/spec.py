@@ -50,8 +50,20 @@ class ParamSpace(_Strict):
 
     grid: list[Any] | None = None
     choice: list[Any] | None = None
-    uniform: tuple[float, float] | tuple[int, int] | None = None
-    log_uniform: tuple[float, float] | tuple[int, int] | None = None
+    uniform: tuple[int, int] | tuple[float, float] | None = None
+    log_uniform: tuple[int, int] | tuple[float, float] | None = None
+
+    @field_validator("uniform", "log_uniform", mode="before")
+    @classmethod
+    def _ends(cls, v: Any) -> Any:
+        """Integers on both ends stay integers (the sampler draws integers), a float on either end makes both floats.
+        Left to pydantic's union, a YAML list [4, 12] came out (4.0, 12.0) and the range drew floats."""
+        if isinstance(v, (list, tuple)) and len(v) == 2 and not any(isinstance(x, bool) for x in v):
+            if all(isinstance(x, int) for x in v):
+                return tuple(v)
+            if all(isinstance(x, (int, float)) for x in v):
+                return tuple(float(x) for x in v)
+        return v
 
     @model_validator(mode="after")
     def _one_kind(self) -> ParamSpace:
