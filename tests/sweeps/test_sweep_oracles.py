@@ -36,6 +36,7 @@ SE = {0: 0.01, 1: 0.02, 2: 0.03}  # the scorer's standard error per seed index
 FAIL_AT: dict[tuple[float, int], int] = {}  # (kl, seed index) -> the step whose training raises
 NO_CHECKPOINTS: set[tuple[float, int]] = set()  # (kl, seed index) whose trainer saves no checkpoint (gate still runs)
 UNSCORABLE: set[tuple[float, int, int]] = set()  # (kl, seed index, step): the gold scorer cannot score that checkpoint
+KL: dict[tuple[float, int], float] = {}  # (kl, seed index) -> the policy KL every step reports (default: not reported)
 
 
 @pytest.fixture
@@ -68,7 +69,8 @@ def scripted(monkeypatch):
                         ckpt.mkdir(parents=True)
                     score_of[str(ckpt)] = (gold, se) if (*self.key, self.step) not in UNSCORABLE else None
                 yield StepRecord(step=self.step, policy_version=self.step, reward_mean=0.0, gold_eval=gold,
-                                 gold_eval_se=se, phase_seconds={"rollout": 1.0, "optim": 0.5})
+                                 gold_eval_se=se, phase_seconds={"rollout": 1.0, "optim": 0.5},
+                                 kl=KL.get(self.key, math.nan))
 
     class Gold:
         def __init__(self, mean, se):
@@ -342,9 +344,9 @@ def test_make_sampler_per_kind_seeded(tmp_path):
 
     grid = [0.01 * k for k in range(1, 9)]  # 8 points: an unseeded grid repeats an order 1 time in 40320
 
-    def draws(kind, n, **sampler):
+    def draws(kind, n, seed=7, **sampler):
         space = {"ppo.kl_coef": {"grid": grid} if kind == "grid" else {"uniform": [0.01, 0.3]}}
-        spec = make_spec(tmp_path, grid, space=space, sampler={"kind": kind, "seed": 7, **sampler})
+        spec = make_spec(tmp_path, grid, space=space, sampler={"kind": kind, "seed": seed, **sampler})
         s = make_sampler(spec)
         study = optuna.create_study(sampler=s)
         out = []
@@ -354,10 +356,12 @@ def test_make_sampler_per_kind_seeded(tmp_path):
             study.tell(t, 0.5)
         return s, out
 
+    # the spec's seed decides the order: the same seed repeats it, another seed gives another (Optuna's grid treats
+    # a missing seed as 0, so the seeds compared here are 7 and 8)
     s, a = draws("grid", 8)
-    assert isinstance(s, GridSampler) and sorted(a) == grid and draws("grid", 8)[1] == a
+    assert isinstance(s, GridSampler) and sorted(a) == grid and draws("grid", 8)[1] == a != draws("grid", 8, 8)[1]
     s, a = draws("random", 4)
-    assert type(s) is RandomSampler and draws("random", 4)[1] == a
+    assert type(s) is RandomSampler and draws("random", 4)[1] == a != draws("random", 4, 8)[1]
     s, a = draws("tpe", 4, startup_trials=3)
     assert isinstance(s, TPESampler) and draws("tpe", 4, startup_trials=3)[1] == a
     # the TPE settings the runner relies on (Optuna keeps them private): 3 random trials first, and trials asked
@@ -411,3 +415,74 @@ def test_spent_gpu_seconds_are_the_finished_trials_plus_the_running_ones(tmp_pat
     runner = SweepRunner(make_spec(tmp_path, [0.1]), report=False)
     runner._live_gpu_s = {7: 2.0, 8: 0.25}
     assert runner.spent_gpu_seconds(Study()) == 3.0 + 4.5 + 2.0 + 0.25
+
+
+def test_only_the_observer_stops_a_trial_not_the_alert_catalog(tmp_path, scripted, monkeypatch):
+    """A KL of 50 on every step is far over the shipped catalog's kl_blowup ceiling (6 per sequence for PPO: it pages
+    at step 2 and pauses the run, configs/alerts.yaml); a sweep trial runs with an empty catalog, so the pruner (the
+    observer) still judges all four checkpoints and the trial completes."""
+    from sweeps.runner import run_trial
+
+    monkeypatch.setitem(KL, (0.2, 0), 50.0)
+    spec, request = one_trial(tmp_path, 0.2)
+    seen = []
+    o = run_trial(request, lambda step, m: seen.append(step), checked=request.checked())
+    assert seen == [2, 4, 6, 8]
+    assert (o.state, o.steps, o.stop_reason, o.best_step) == ("completed", 8, None, 4)
+    assert [r["kl"] for r in o.records] == [50.0] * 8
+
+
+def test_open_study_refuses_a_used_name_a_bad_storage_and_a_live_owner(tmp_path):
+    import subprocess
+
+    import psutil
+
+    from common.errors import BadInput
+    from eval.optuna_pruner import DetectorPruner
+    from sweeps.runner import _owner, open_study
+
+    spec = make_spec(tmp_path, [0.01, 0.2])
+    study = open_study(spec, prune=False, resume=False)
+    assert isinstance(study.sampler, optuna.samplers.GridSampler)  # the spec's sampler, not Optuna's default
+    assert isinstance(study.pruner, optuna.pruners.NopPruner)
+    assert study.user_attrs["owner"] == _owner()
+    study.tell(study.ask(), 0.5)
+    url = spec.storage_url
+    with pytest.raises(BadInput) as err:
+        open_study(spec, prune=False, resume=False)
+    assert str(err.value) == (f"name: sweep 'oracle' already has 1 trials in {url} (pass --resume to continue or "
+                              "extend it, or give the sweep another name)")
+    # resumed by this process: fine; while another live process owns it: refused, naming that process
+    assert len(open_study(spec, prune=False, resume=True).trials) == 1
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.2)
+        owner = {"host": _owner()["host"], "pid": other.pid, "start": psutil.Process(other.pid).create_time()}
+        study.set_user_attr("owner", owner)
+        with pytest.raises(BadInput) as err:
+            open_study(spec, prune=False, resume=True)
+        assert str(err.value) == f"name: sweep 'oracle' is being run by process {other.pid} (wait for it or stop it)"
+    finally:
+        other.kill()
+        other.wait()
+    # pruning on: the spec's detector as the study's pruner
+    spec2 = make_spec(tmp_path / "p", [0.01], pruning={"detector": "patience"})
+    assert isinstance(open_study(spec2, prune=True, resume=False).pruner, DetectorPruner)
+    bad = make_spec(tmp_path / "b", [0.01], storage="nosuchdb://x/y")
+    with pytest.raises(BadInput) as err:
+        open_study(bad, prune=False, resume=False)
+    assert str(err.value).startswith("storage: cannot open 'nosuchdb://x/y' (NoSuchModuleError: Can't load plugin")
+
+
+def test_make_pruner_and_the_pruning_check(tmp_path):
+    from common.errors import BadInput
+    from sweeps.runner import SweepRunner, make_pruner
+
+    spec = make_spec(tmp_path, [0.01], pruning={"detector": "median", "params": {"n_startup_trials": 3}})
+    assert isinstance(make_pruner(spec, False), optuna.pruners.NopPruner)
+    median = make_pruner(spec, True)
+    assert isinstance(median, optuna.pruners.MedianPruner) and median._n_startup_trials == 3  # the spec's params
+    wrong = make_spec(tmp_path, [0.01], pruning={"detector": "median", "params": {"no_such": 1}})
+    with pytest.raises(BadInput) as err:
+        SweepRunner(wrong, report=False)
+    assert str(err.value).startswith("pruning.detector: median pruner: ") and "no_such" in str(err.value)
