@@ -436,10 +436,11 @@ def test_open_study_refuses_a_used_name_a_bad_storage_and_a_live_owner(tmp_path)
     import subprocess
 
     import psutil
+    from optuna.trial import TrialState
 
     from common.errors import BadInput
     from eval.optuna_pruner import DetectorPruner
-    from sweeps.runner import _owner, open_study
+    from sweeps.runner import _owner, distributions, finished, open_study
 
     spec = make_spec(tmp_path, [0.01, 0.2])
     study = open_study(spec, prune=False, resume=False)
@@ -465,6 +466,15 @@ def test_open_study_refuses_a_used_name_a_bad_storage_and_a_live_owner(tmp_path)
     finally:
         other.kill()
         other.wait()
+    # a trial the dead owner left RUNNING: failed as interrupted (it does not count), its setting queued again
+    running = study.ask(distributions(spec))
+    resumed = open_study(spec, prune=False, resume=True)
+    left = next(t for t in resumed.trials if t.number == running.number)
+    assert left.state is TrialState.FAIL and left.user_attrs["interrupted"] is True
+    (again,) = [t for t in resumed.trials if t.state is TrialState.WAITING]
+    assert again.user_attrs["requeued_from"] == running.number
+    assert again.system_attrs["fixed_params"] == running.params
+    assert [t.number for t in finished(resumed)] == [0]
     # pruning on: the spec's detector as the study's pruner
     spec2 = make_spec(tmp_path / "p", [0.01], pruning={"detector": "patience"})
     assert isinstance(open_study(spec2, prune=True, resume=False).pruner, DetectorPruner)
@@ -486,3 +496,27 @@ def test_make_pruner_and_the_pruning_check(tmp_path):
     with pytest.raises(BadInput) as err:
         SweepRunner(wrong, report=False)
     assert str(err.value).startswith("pruning.detector: median pruner: ") and "no_such" in str(err.value)
+
+
+def test_open_study_waits_for_another_writer_longer_than_sqlites_5_s_default(tmp_path):
+    """Several processes (and the trial threads) share one SQLite study: a connection waits up to 60 s for another
+    writer's lock (sqlite3's default is 5 s, after which 'database is locked' would stop the sweep). Here another
+    connection holds an exclusive lock for 6 s while the sweep is resumed."""
+    import sqlite3
+    import threading
+
+    from sweeps.runner import open_study
+
+    spec = make_spec(tmp_path, [0.01])
+    open_study(spec, prune=False, resume=False)
+    lock = sqlite3.connect(spec.storage_url[len("sqlite:///"):], isolation_level=None, check_same_thread=False)
+    lock.execute("BEGIN EXCLUSIVE")
+    release = threading.Timer(6.0, lambda: lock.execute("COMMIT"))
+    release.start()
+    try:
+        t0 = time.perf_counter()
+        study = open_study(spec, prune=False, resume=True)
+        assert time.perf_counter() - t0 >= 5.5 and study.study_name == "oracle"
+    finally:
+        release.join()
+        lock.close()
