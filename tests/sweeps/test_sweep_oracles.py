@@ -433,6 +433,8 @@ def test_only_the_observer_stops_a_trial_not_the_alert_catalog(tmp_path, scripte
 
 
 def test_open_study_refuses_a_used_name_a_bad_storage_and_a_live_owner(tmp_path):
+    import os
+    import socket
     import subprocess
 
     import psutil
@@ -440,13 +442,15 @@ def test_open_study_refuses_a_used_name_a_bad_storage_and_a_live_owner(tmp_path)
 
     from common.errors import BadInput
     from eval.optuna_pruner import DetectorPruner
-    from sweeps.runner import _owner, distributions, finished, open_study
+    from sweeps.runner import distributions, finished, open_study
 
     spec = make_spec(tmp_path, [0.01, 0.2])
     study = open_study(spec, prune=False, resume=False)
     assert isinstance(study.sampler, optuna.samplers.GridSampler)  # the spec's sampler, not Optuna's default
     assert isinstance(study.pruner, optuna.pruners.NopPruner)
-    assert study.user_attrs["owner"] == _owner()
+    # the owner record: this host, this process and its start time (a pid alone may be reused)
+    assert study.user_attrs["owner"] == {"host": socket.gethostname(), "pid": os.getpid(),
+                                         "start": psutil.Process().create_time()}
     study.tell(study.ask(), 0.5)
     url = spec.storage_url
     with pytest.raises(BadInput) as err:
@@ -458,7 +462,7 @@ def test_open_study_refuses_a_used_name_a_bad_storage_and_a_live_owner(tmp_path)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         time.sleep(0.2)
-        owner = {"host": _owner()["host"], "pid": other.pid, "start": psutil.Process(other.pid).create_time()}
+        owner = {"host": socket.gethostname(), "pid": other.pid, "start": psutil.Process(other.pid).create_time()}
         study.set_user_attr("owner", owner)
         with pytest.raises(BadInput) as err:
             open_study(spec, prune=False, resume=True)
