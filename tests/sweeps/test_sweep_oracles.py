@@ -316,6 +316,17 @@ def test_failed_pruned_and_unscored_trials_are_told_recorded_and_charged_by_hand
     study = optuna.load_study(study_name="oracle", storage=spec.storage_url)
     states = {t.params["ppo.kl_coef"]: t.state for t in study.trials}
     assert states == {0.01: TrialState.FAIL, 0.2: TrialState.PRUNED, 0.5: TrialState.FAIL}
+    # what the pruner saw of kl 0.2: each checkpoint at the trial's step (seed i's step s is i * 8 + s), its held-out
+    # score, SE and reward, its seed as the series; 4 planned checkpoints per seed; the kept checkpoint is the highest
+    (t02,) = [t for t in study.trials if t.params["ppo.kl_coef"] == 0.2]
+    seen = {k: v for k, v in t02.user_attrs.items() if k.startswith("rlhfops.ckpt.")}
+    want = [(0, s, CURVES[(0.2, 0)][s // EVERY - 1]) for s in (2, 4, 6, 8)]
+    want += [(1, s, CURVES[(0.2, 1)][s // EVERY - 1]) for s in (2, 4, 6)]
+    assert seen == {f"rlhfops.ckpt.{i * STEPS + s:09d}": {"score": g, "se": SE[i], "reward": 0.0, "series": i}
+                    for i, s, g in want}
+    assert (t02.user_attrs["rlhfops.planned_checkpoints"], t02.user_attrs["rlhfops.keep"]) == (4, "highest")
+    # Optuna's intermediate value: the best kept so far within the seed (0.30, 0.60, 0.60, 0.60; 0.80, 0.80, 0.80)
+    assert t02.intermediate_values == {2: 0.30, 4: 0.60, 6: 0.60, 8: 0.60, 10: 0.80, 12: 0.80, 14: 0.80}
 
 
 # ---- the runner's small parts: search space, sampler, gate records, the study's owner, the spent budget ----------
@@ -453,6 +464,7 @@ def test_open_study_refuses_a_used_name_a_bad_storage_and_a_live_owner(tmp_path)
                                          "start": psutil.Process().create_time()}
     study.tell(study.ask(), 0.5)
     url = spec.storage_url
+    optuna.create_study(study_name="another-sweep", storage=url)  # a shared database holds other sweeps' studies
     with pytest.raises(BadInput) as err:
         open_study(spec, prune=False, resume=False)
     assert str(err.value) == (f"name: sweep 'oracle' already has 1 trials in {url} (pass --resume to continue or "
