@@ -218,6 +218,11 @@ def test_run_trial_whose_training_raises_is_failed_with_the_error_and_keeps_its_
     assert (o.best_step, o.best_score, o.best_checkpoint) == (4, 0.50, ckpt(spec, 0, 0, 4))
     assert o.gpu_seconds == pytest.approx(4 * GPU_S_PER_STEP)
     assert {k: t.gpu_us for k, t in ledger.run_totals().items()} == {"trial": round(4 * GPU_S_PER_STEP * 1e6)}
+    # its checkpoints unscorable too: the error is still the training's (what went wrong first), not the scoring's
+    monkeypatch.setattr(sys.modules[__name__], "UNSCORABLE", {(0.01, 0, 2), (0.01, 0, 4)})
+    spec, request = one_trial(tmp_path / "unscorable", 0.01)
+    o = run_trial(request, None)
+    assert (o.state, o.steps, o.error, o.best_step) == ("failed", 4, "RuntimeError: diverged at step 5", None)
 
 
 def test_run_trial_whose_worker_cannot_start_is_failed_at_zero_steps(tmp_path, scripted, monkeypatch):
