@@ -279,11 +279,12 @@ def test_a_name_splits_at_its_first_plus_and_a_detector_takes_several_arguments(
 
 
 # ------------------------------------------------------------------------------------------ progress reports
-@pytest.mark.parametrize("jobs, reported", [(3, [1, 2, 3]), (200, list(range(2, 201, 2)))])
+@pytest.mark.parametrize("jobs, reported", [(3, [1, 2, 3]), (200, list(range(2, 201, 2))),
+                                            (250, list(range(2, 251, 2)))])
 @BOTH_PATHS
 def test_progress_is_reported_every_hundredth_of_the_jobs(jobs, reported, coalesce):
     """`progress(n_done)` after every max(1, jobs // 100) finished jobs: 200 one-minute jobs arriving a minute apart on
-    one GPU end one by one, so the reports are 2, 4, ..., 200 (every job for 3 jobs)."""
+    one GPU end one by one, so the reports are 2, 4, ..., 200 (every job for 3 jobs; every 2nd of 250: 250 // 100)."""
     seen = []
     wl = hand_workload([one_cp(arrival=float(k), duration=1.0) for k in range(jobs)])
     res = simulate(wl, FIFO(), gpus=1, progress=seen.append, coalesce=coalesce)
