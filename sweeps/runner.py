@@ -450,12 +450,12 @@ class SweepRunner:
         from optuna.trial import TrialState
 
         with self._lock:
+            # a trial none of whose checkpoints scored failed: say so before the study records it
+            if res.state == "completed" and not math.isfinite(res.objective):
+                res.state, res.error = "failed", res.error or "no checkpoint scored"
             for k, v in res.attrs().items():
                 trial.set_user_attr(k, v)
-            if res.state == "failed" or (res.state == "completed" and not math.isfinite(res.objective)):
-                if res.state != "failed":
-                    res.state, res.error = "failed", res.error or "no checkpoint scored"
-                    trial.set_user_attr("result.state", "failed")
+            if res.state == "failed":
                 study.tell(trial, state=TrialState.FAIL)
             elif res.state == "pruned":
                 study.tell(trial, state=TrialState.PRUNED)

@@ -308,6 +308,7 @@ def test_failed_pruned_and_unscored_trials_are_told_recorded_and_charged_by_hand
     assert (pruned["best_step"], pruned["best_checkpoint"]) == (2, ckpt(spec, pruned["number"], 1, 2))
     # kl 0.5: both seeds complete, nothing to score: told FAIL, recorded failed
     assert (unscored["state"], unscored["steps"]) == ("failed", 2 * STEPS) and math.isnan(unscored["objective"])
+    assert unscored["error"] == "no checkpoint scored"  # the study's record says why, as the tracker is told
     res_of = {r.params["ppo.kl_coef"]: r for r in told}
     assert (res_of[0.5].state, res_of[0.5].error) == ("failed", "no checkpoint scored")
     assert (res_of[0.01].state, res_of[0.01].error) == ("failed", "RuntimeError: diverged at step 5")
