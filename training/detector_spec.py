@@ -154,3 +154,12 @@ class DetectorSpec(BaseModel):
         from eval.detectors import make_detector
 
         return make_detector(self.name, **self.params)
+
+
+def build_detector(detector: DetectorSpec | str | Mapping[str, Any] | None) -> Any:
+    """The detector object a job's gate runs, from a `DetectorSpec`, its text or mapping (None: none). Entry points
+    validate the detector at the edge (`training.request.parse_detector`), so a spec arrives here already checked."""
+    if detector is None:
+        return None
+    spec = detector if isinstance(detector, DetectorSpec) else DetectorSpec.model_validate(detector)
+    return spec.build()

@@ -217,13 +217,12 @@ def make_supervisor(spec: JobSpec, ledger: Any = None, metrics: Any = None, run_
     A job asked for as a `training.request.JobRequest` gets its spec and supervisor from `training.request.build`."""
     from eval.health import Catalog
     from eval.supervisor import RunSupervisor
-    from training.detector_spec import DetectorSpec
+    from training.detector_spec import build_detector
 
     if catalog is None:
         catalog = Catalog.from_file(spec.alerts, algorithm="ppo", profile=spec.alert_profile)
     if gate is None and spec.detector:
-        detector = spec.detector
-        gate = (detector if isinstance(detector, DetectorSpec) else DetectorSpec.model_validate(detector)).build()
+        gate = build_detector(spec.detector)
     gate = planned_gate(gate, spec)
     return RunSupervisor(run_id or spec.run_id or spec.job, spec.tenant, catalog.start(tenant=spec.tenant),
                          gate_detector=gate, ledger=ledger, metrics=metrics, gpu_kind=spec.gpu_kind, n_gpus=spec.gpus,

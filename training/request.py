@@ -141,12 +141,6 @@ def parse_detector(value: Any, field: str = "detector") -> DetectorSpec | None:
         raise BadInput(f"{field}: {err}") from None
 
 
-def build_detector(detector: Any) -> Any:
-    """The detector object a job's gate runs, from a `DetectorSpec`, its text or mapping (None: none)."""
-    spec = parse_detector(detector)
-    return spec.build() if spec is not None else None
-
-
 class RunInternals(BaseModel):
     """What a flow run takes that a person filling the run form should not need: the first retry delay and the
     MLflow run to nest under (the nightly's). The defaults are the safe ones (1 s, no parent)."""

@@ -29,6 +29,18 @@ class FakeTrainer:
                              phase_seconds={"rollout": 0.5, "optim": 0.25}, tokens_generated=10)
 
 
+class StopAt4:
+    """A gate detector that pauses a run at its step-4 checkpoint, whatever the scores."""
+
+    label = name = "stop-at-4"
+
+    def start(self):
+        return self
+
+    def observe(self, cp):
+        return cp.step == 4
+
+
 def _spec(steps, **kw):
     from types import SimpleNamespace
 
@@ -328,15 +340,6 @@ def test_a_gate_pause_ends_the_loop_unless_the_job_runs_through_it(through, step
     from eval.supervisor import RunSupervisor
     from training.lifecycle import run_job
 
-    class StopAt4:
-        label = name = "stop-at-4"
-
-        def start(self):
-            return self
-
-        def observe(self, cp):
-            return cp.step == 4
-
     executed, seen = [], []
     sup = RunSupervisor("r1", "acme", Catalog.from_file(None, algorithm="ppo").start(tenant="acme"),
                         gate_detector=StopAt4())
@@ -612,15 +615,6 @@ def test_replay_charges_by_default_and_stops_at_a_gate_pause():
     from infra.ledger import Ledger, PriceTable
     from training.lifecycle import replay
 
-    class StopAt4:
-        label = name = "stop-at-4"
-
-        def start(self):
-            return self
-
-        def observe(self, cp):
-            return cp.step == 4
-
     records = list(FakeTrainer().run(5))
     ledger = Ledger(PriceTable(gpu_hour={"cpu": "0.05"}))
     sup = RunSupervisor("r1", "acme", Catalog.from_file(None, algorithm="ppo").start(tenant="acme"), ledger=ledger,
@@ -646,15 +640,6 @@ def test_a_retry_whose_replay_reaches_a_gate_pause_ends_paused_without_training(
     from eval.supervisor import RunSupervisor
     from infra.ledger import Ledger, PriceTable
     from training.lifecycle import JobSpec, run_job
-
-    class StopAt4:
-        label = name = "stop-at-4"
-
-        def start(self):
-            return self
-
-        def observe(self, cp):
-            return cp.step == 4
 
     out = tmp_path / "job"
     out.mkdir()
