@@ -167,26 +167,34 @@ class DetectorPruner(BasePruner):
     def name(self) -> str:
         return self.detector.name
 
-    def checkpoints(self, trial: FrozenTrial) -> list[Checkpoint]:
-        """What the detector sees of `trial`: its latest series' checkpoints in step order."""
+    def checkpoints(self, trial: FrozenTrial) -> list[tuple[Checkpoint, dict[str, float] | None]]:
+        """What the detector sees of `trial`: its latest series' checkpoints in step order, each with its per-prompt
+        scores ({prompt id: score}) when `report_checkpoint` recorded them, else None."""
         raw = reported_checkpoints(trial.user_attrs)
         if raw:
             latest = int(raw[-1][1].get("series", 0))
-            return [Checkpoint(step=float(step), eval_score=_f(c.get("score")), eval_se=_f(c.get("se")),
-                               reward=_f(c.get("reward")))
+            return [(Checkpoint(step=float(step), eval_score=_f(c.get("score")), eval_se=_f(c.get("se")),
+                                reward=_f(c.get("reward"))), c.get("prompts") or None)
                     for step, c in raw if int(c.get("series", 0)) == latest]
-        return [Checkpoint(step=float(step), eval_score=float(v))
+        return [(Checkpoint(step=float(step), eval_score=float(v)), None)
                 for step, v in sorted(trial.intermediate_values.items())]
 
     def stop_step(self, trial: FrozenTrial, sign: float = 1.0) -> int | None:
-        """The step at which the detector stops the trial's latest series, or None."""
+        """The step at which the detector stops the trial's latest series, or None. A detector that decides on
+        per-prompt scores (the paired rule) gets each checkpoint's; without them it never stops, as on a live run."""
         monitor = self.detector.start()
-        for cp in self.checkpoints(trial):
+        per_prompt = "prompt_scores" in getattr(self.detector, "needs", ())
+        for cp, prompts in self.checkpoints(trial):
             if not math.isfinite(cp.eval_score):
                 continue
             if sign < 0:
                 cp.eval_score = -cp.eval_score
-            if monitor.observe(cp) and cp.step >= self.n_warmup_steps:
+            if per_prompt:
+                scores = None if prompts is None else {k: sign * _f(v) for k, v in prompts.items()}
+                stop = monitor.observe(cp, scores)
+            else:
+                stop = monitor.observe(cp)
+            if stop and cp.step >= self.n_warmup_steps:
                 return int(cp.step)
         return None
 

@@ -17,7 +17,7 @@
     queue_depth: 4                    # trials asked ahead and waiting for a slot (default: 0 under FIFO)
     budget: {gpu_hours: 2.0, wall_s: 3600}   # either or both; reached: no new trials start
     objective: {direction: maximize}  # the held-out gate score at each trial's kept checkpoint
-    pruning: {detector: default}      # default (the platform's default detector), a detector name, or none
+    pruning: {detector: incumbent}    # the default; median | wilcoxon | a detector's name | none
 
 Everything is checked here, before a study is opened or a slot is taken; an error raises `BadInput` naming the
 field (`space.ppo.kl_coeff: ...`). Prefect-, MLflow- and CLI-free.
@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from common.errors import BadInput, describe_validation_error, validated
+from training.detector_spec import DETECTOR_DEFAULTS
 from training.request import check_name, parse_request
 
 KINDS = ("grid", "choice", "uniform", "log_uniform")
@@ -117,10 +118,21 @@ class ObjectiveSpec(_Strict):
 
 
 class PruningSpec(_Strict):
-    #: `default`: the platform's default early-stop detector; another registered detector by name; `none`
-    detector: str = "default"
-    #: parameters passed to the detector (over its calibrated thresholds in configs/detectors.yaml)
+    #: `incumbent` (the default): prune a trial when its paired per-prompt gate evidence says it cannot beat the best
+    #: checkpoint another trial recorded, at level alpha (eval.incumbent_pruner); `median` / `wilcoxon`: Optuna's;
+    #: `default` or another registered early-stop detector by name; `none`
+    detector: str = "incumbent"
+    #: the pruner's parameters; a detector's parameters that are left out get the platform's setting
+    #: (training.detector_spec.DETECTOR_DEFAULTS: the paired rule's margin 0.1, as in every job), else the
+    #: calibrated thresholds in configs/detectors.yaml
     params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _platform_settings(self) -> PruningSpec:
+        # the same settings a job's gate gets for a rule named without them, so `pruning: {detector: paired}` prunes
+        # a trial on the evidence that would pause the same run as a job
+        self.params = {**DETECTOR_DEFAULTS.get(self.detector.lower(), {}), **self.params}
+        return self
 
 
 class SweepSpec(_Strict):

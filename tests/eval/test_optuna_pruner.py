@@ -139,3 +139,60 @@ def test_bad_detector_names_are_refused():
         DetectorPruner("nosuch")
     with pytest.raises(ValueError, match="n_warmup_steps"):
         DetectorPruner("evalstop", n_warmup_steps=-1)
+
+
+# the paired rule as a sweep pruner: per-prompt scores built by hand. 64 prompts spread by difficulty (0..0.9); from
+# step 30 every prompt scores 0.05 (+-0.001) below step 20: a decline beyond a margin of 0 by ~50 standard errors
+# and well inside a margin of 0.1, so the rule with margin 0 stops at step 30 and with margin 0.1 never does.
+PAIRED_PROMPTS = 64
+
+
+def _paired_scores(step: int, sign: float = 1.0) -> dict[str, float]:
+    drop = 0.05 if step >= 30 else 0.0
+    wobble = 0.001 if step >= 30 else 0.0
+    return {str(i): sign * (0.1 * (i % 10) - drop + (wobble if i % 2 else -wobble)) for i in range(PAIRED_PROMPTS)}
+
+
+def _paired_objective(log, sign=1.0):
+    def objective(trial):
+        for step in (10, 20, 30, 40):
+            scores = _paired_scores(step, sign)
+            report_checkpoint(trial, step, sum(scores.values()) / PAIRED_PROMPTS, se=0.03, prompts=scores)
+            log.append(step)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+        return best_value(trial)
+
+    return objective
+
+
+@pytest.mark.parametrize(("params", "stops_at"), [({"margin": 0.0}, 30), ({"margin": 0.1}, None)])
+def test_the_paired_rule_prunes_on_the_per_prompt_scores_a_trial_recorded(params, stops_at):
+    """Before the pruner passed each checkpoint's per-prompt scores on, the paired rule saw none and never pruned."""
+    log: list[int] = []
+    study = optuna.create_study(direction="maximize", pruner=DetectorPruner("paired", **params))
+    study.optimize(_paired_objective(log), n_trials=1)
+    state = study.trials[0].state
+    assert (state, log[-1]) == ((TrialState.PRUNED, 30) if stops_at else (TrialState.COMPLETE, 40))
+
+
+def test_the_paired_rule_in_a_minimizing_study_reads_lower_as_better():
+    """Scores and per-prompt scores negated: the same run in a minimizing study declines at step 30 and is pruned."""
+    log: list[int] = []
+    study = optuna.create_study(direction="minimize", pruner=DetectorPruner("paired", margin=0.0))
+    study.optimize(_paired_objective(log, sign=-1.0), n_trials=1)
+    assert study.trials[0].state is TrialState.PRUNED and log[-1] == 30
+
+
+def test_a_sweep_specs_paired_pruner_gets_the_platforms_margin():
+    """`pruning: {detector: paired}` without params gets the jobs' margin (0.1): the hand-built 0.05 decline is
+    inside it; an explicit margin 0 is kept and prunes."""
+    from sweeps.runner import make_pruner
+    from sweeps.spec import PruningSpec
+
+    for params, expected in (({}, TrialState.COMPLETE), ({"margin": 0}, TrialState.PRUNED)):
+        spec = PruningSpec(detector="paired", params=params)
+        pruner = make_pruner(type("Spec", (), {"pruning": spec})(), True)
+        study = optuna.create_study(direction="maximize", pruner=pruner)
+        study.optimize(_paired_objective([]), n_trials=1)
+        assert study.trials[0].state is expected, params
