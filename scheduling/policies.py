@@ -217,9 +217,13 @@ def scheduler_detector(spec: str) -> tuple[str, dict[str, float | int]] | None:
     if m.group("args"):
         for item in m.group("args").split(","):
             key, _, value = item.partition("=")
-            if not _:
+            if not _ or not key.strip():
                 raise ValueError(f"detector argument '{item}' in '{spec}' must be key=value")
-            params[key.strip()] = _number(value.strip())
+            try:
+                params[key.strip()] = _number(value.strip())
+            except ValueError:
+                raise ValueError(f"detector argument '{item}' in '{spec}': '{value.strip()}' is not a number (write "
+                                 "key=value, e.g. EvalStop(k=3))") from None
     return name, params
 
 

@@ -245,6 +245,11 @@ BASE_NAMES = "EvalSched, FIFO, LossAware, SJF, SJF-Est, SRTF, SRTF-Est"
     ("Eval-Stop+SRTF",
      "cannot parse detector 'Eval-Stop' in 'Eval-Stop+SRTF' (e.g. EvalStop, StopAt0.65, EvalStop(k=3))"),
     ("EvalStop(k)+SRTF", "detector argument 'k' in 'EvalStop(k)+SRTF' must be key=value"),
+    ("EvalStop(=3)+SRTF", "detector argument '=3' in 'EvalStop(=3)+SRTF' must be key=value"),
+    # a doubled '=' is read as key 'k' and value '=3', which is not a number (split at the last '=' instead, the
+    # key 'k=' would pass here and fail later in the detector with a message that names neither)
+    ("EvalStop(k==3)+SRTF",
+     "detector argument 'k==3' in 'EvalStop(k==3)+SRTF': '=3' is not a number (write key=value, e.g. EvalStop(k=3))"),
 ])
 def test_a_bad_scheduler_name_is_refused_with_the_whole_message(spec, message):
     with pytest.raises(ValueError) as err:
