@@ -231,3 +231,212 @@ def test_run_one_whose_tracker_cannot_start_the_run_is_failed_without_training(t
                          trial_fn=lambda *a, **kw: ran.append(1) or outcome())
     res, records = runner._run_one(optuna.create_study().ask(KL))
     assert (res.state, res.error, records, ran) == ("failed", "tracking: RuntimeError: tracking server down", [], [])
+
+
+STEPS = 8  # make_spec's steps per seed
+
+
+def scripted(number_of, seed_of=None):
+    """A `trial_fn` that trains nothing: `number_of(number, seed index, request, observer)` returns the seed's
+    TrialOutcome (or raises). The trial number and seed index are read off the request's run directory."""
+    import re
+
+    def trial_fn(request, observer, *, checked, ledger, run_id):
+        m = re.search(r"trial-(\d+)[/\\]seed-(\d+)", str(request.out_dir))
+        return number_of(int(m.group(1)), int(m.group(2)), request, observer)
+
+    return trial_fn
+
+
+def test_run_one_joins_the_seeds_records_and_curve_and_a_seed_that_raises_fails_the_trial(tmp_path):
+    from sweeps.runner import SweepRunner, TrialOutcome
+
+    spec = make_spec(tmp_path, [0.2], seeds=2)
+    scores = {0: 0.5, 1: 0.25}  # each seed's one checkpoint (its step 2)
+
+    def seed(number, i, request, observer):
+        return TrialOutcome(state="completed", steps=STEPS, gpu_seconds=12.0 / (i + 1), wall_s=0.0, best_step=2,
+                            best_score=scores[i], best_se=0.01, best_checkpoint=f"s{i}",
+                            records=[{"step": 1}, {"step": 2, "gold_eval": scores[i]}])  # step 1: no gate ran
+
+    runner = SweepRunner(spec, prune=False, report=False, trial_fn=scripted(seed))
+    study = optuna.create_study()
+    t0 = time.perf_counter()
+    res, records = runner._run_one(study.ask(KL))
+    elapsed = time.perf_counter() - t0
+    # seed 1's steps follow seed 0's 8: its steps 1, 2 are the trial's 9, 10
+    assert records == [{"step": 1}, {"step": 2, "gold_eval": 0.5}, {"step": 9}, {"step": 10, "gold_eval": 0.25}]
+    assert res.curve == [(2, 0.5), (10, 0.25)]
+    assert (res.state, res.objective, res.gpu_seconds, res.steps) == ("completed", (0.5 + 0.25) / 2, 12.0 + 6.0, 16)
+    assert 0.0 <= res.wall_s <= elapsed
+
+    # seed 1 raises: the trial fails with its error, keeps seed 0's GPU time and steps, and has no objective; the slot
+    # it held is released as a plain `with` block would (no exception passed on)
+    exits = []
+
+    class Slot:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, exc_type, exc, tb):
+            exits.append((exc_type, exc, tb))
+
+    def breaks(number, i, request, observer):
+        if i == 1:
+            raise RuntimeError("seed 1 broke")
+        return seed(number, i, request, observer)
+
+    runner = SweepRunner(spec, prune=False, report=False, trial_fn=scripted(breaks), slot=Slot)
+    res, records = runner._run_one(study.ask(KL))
+    assert (res.state, res.error, res.gpu_seconds, res.steps) == ("failed", "RuntimeError: seed 1 broke", 12.0, STEPS)
+    assert math.isnan(res.objective) and (res.best_step, res.best_checkpoint, res.stop_reason) == (None, None, None)
+    assert exits == [(None, None, None)]
+
+
+# ---- _view: what the scheduler sees of a queued trial ------------------------------------------------------------
+
+
+def test_the_view_of_a_queued_trial_is_its_number_gpus_ask_order_and_estimated_size(tmp_path):
+    from sweeps.runner import SweepRunner
+
+    spec, folder = spec_with_base_file(tmp_path, seeds=3, concurrency=4, gpus_per_trial=2)
+    runner = SweepRunner(spec, prune=False, report=False, base_dir=folder)
+    study = optuna.create_study()
+    study.ask(KL)
+    view = runner._view(study.ask(KL), 3)  # trial 1, the 4th asked
+    # 3 seeds x 8 steps x 4 prompts x 12 new tokens, from the base config found through base_dir
+    assert (view.job_id, view.gpus, view.arrival, view.est_duration) == (1, 2, 3.0, 3 * 8 * 4 * 12)
+    assert type(view.arrival) is float
+
+
+# ---- _release_queued: trials asked ahead that never started -------------------------------------------------------
+
+
+def test_released_trials_are_failed_as_never_started_and_queued_again_in_ask_order_without_a_warning(tmp_path):
+    import warnings
+
+    from sweeps.runner import SweepRunner, finished
+
+    runner = SweepRunner(make_spec(tmp_path, [0.2]), prune=False, report=False)
+    study = optuna.create_study()
+    space = {"ppo.kl_coef": CategoricalDistribution([0.01, 0.2, 0.5])}
+    asked = [study.ask(space) for _ in range(3)]
+    params = [dict(t.params) for t in asked]
+    queued = {7: asked[2], 5: asked[0], 6: asked[1]}  # LiveRound index -> trial, not in ask order
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runner._release_queued(study, queued)
+    assert [str(w.message) for w in caught] == [] and queued == {}
+    trials = study.get_trials()
+    assert [(t.state, t.user_attrs) for t in trials[:3]] == [(TrialState.FAIL, {"never_started": True})] * 3
+    again = trials[3:]
+    assert [(t.state, t.user_attrs["requeued_from"], t.system_attrs["fixed_params"]) for t in again] == [
+        (TrialState.WAITING, k, params[k]) for k in range(3)]
+    assert finished(study) == []
+
+
+# ---- run: the loop (tracker calls, the trial threads, the budget checks, the pruner) ------------------------------
+
+
+def done(score=0.5, gpu_seconds=1.0, state="completed", **kw):
+    from sweeps.runner import TrialOutcome
+
+    return TrialOutcome(state=state, steps=STEPS, gpu_seconds=gpu_seconds, wall_s=0.0, best_step=2, best_score=score,
+                        best_se=0.01, best_checkpoint=None, **kw)
+
+
+def test_a_sweep_tells_its_tracker_the_spec_and_the_end_and_runs_trials_on_named_threads(tmp_path):
+    import threading
+
+    from sweeps.runner import NullTracker, SweepRunner
+
+    calls = []
+
+    class Tracker(NullTracker):
+        def start(self, spec, resume):
+            calls.append(("start", spec, resume))
+
+        def finish(self, summary, report_files, failed=False):
+            calls.append(("finish", summary["trials_done"], report_files, failed))
+            return {"registered": "nothing"}
+
+    names = []
+    spec = make_spec(tmp_path, [0.01, 0.2])
+    summary = SweepRunner(spec, prune=False, report=False, tracker=Tracker(), trial_fn=scripted(
+        lambda n, i, request, observer: names.append(threading.current_thread().name) or done())).run()
+    assert calls == [("start", spec, False), ("finish", 2, [], False)]
+    assert summary["registry"] == {"registered": "nothing"} and summary["report_files"] == []
+    assert len(names) == 2 and all(name.startswith("trial_") for name in names)
+
+
+def test_every_parallel_trial_gets_a_thread_however_few_cores(tmp_path, monkeypatch):
+    """6 slots, 6 trials that each wait for all 6 to be running: on a machine whose default thread pool would have
+    fewer threads (os.cpu_count() 1: min(32, 1 + 4) = 5) the sixth would never start."""
+    import os
+    import threading
+
+    from sweeps.runner import SweepRunner
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    together = threading.Barrier(6, timeout=10)
+
+    def trial(n, i, request, observer):
+        together.wait()
+        return done()
+
+    spec = make_spec(tmp_path, [0.01 * k for k in range(1, 7)], concurrency=6)
+    summary = SweepRunner(spec, prune=False, report=False, trial_fn=scripted(trial)).run()
+    assert [t["state"] for t in summary["trials"]] == ["completed"] * 6
+
+
+def test_the_budget_is_checked_only_when_a_trial_could_start_and_said_once(tmp_path):
+    """Trial 0 spends 2 GPU-hours at once (the budget is 1); trial 1 waits for what the test names, then spends
+    nothing. With 2 trials to run the budget is never checked once both have started (no budget stop); with 4 it is
+    checked when trial 0 ends (a slot is free and 2 + 0 trials are short of 4) and reached, said once."""
+    import threading
+
+    from sweeps.runner import SweepRunner
+
+    def run(target, release_on):
+        go, events = threading.Event(), []
+
+        def on_event(kind, info):
+            events.append((kind, info))
+            if kind == release_on:
+                go.set()
+
+        def trial(n, i, request, observer):
+            if n == 0:
+                return done(gpu_seconds=7200.0)
+            assert go.wait(30), f"no {release_on} event"
+            return done(gpu_seconds=0.0)
+
+        spec = make_spec(tmp_path / str(target), [0.01 * k for k in range(1, target + 1)], concurrency=2,
+                         budget={"gpu_hours": 1.0, "wall_s": 3600})
+        summary = SweepRunner(spec, prune=False, report=False, trial_fn=scripted(trial), on_event=on_event).run()
+        return summary, [info for kind, info in events if kind == "budget"]
+
+    summary, said = run(2, "trial_finished")
+    assert (summary["budget_stop"], said, summary["trials_done"]) == (None, [], 2)
+    summary, said = run(4, "budget")
+    message = "budget.gpu_hours reached: 2.0000 of 1 GPU-hours spent"
+    assert said == [{"message": message, "done": 1, "target": 4}]
+    assert (summary["budget_stop"], summary["trials_done"]) == (message, 2)
+
+
+def test_the_sweeps_pruner_is_the_studys_when_pruning_is_on(tmp_path):
+    """Median pruner, one startup trial, no warm-up: trial 0 reports 0.9 at step 2 and completes; trial 1 reports
+    0.1 at step 2, below the median (0.9) of the completed trials there: pruned."""
+    from sweeps.runner import SweepRunner
+
+    def trial(n, i, request, observer):
+        score = {0: 0.9, 1: 0.1}[n]
+        reason = observer(2, {"gold_eval": score, "wall_s": 0.0})
+        return done(score, state="pruned", stop_reason=reason, pruned_at=2) if reason else done(score)
+
+    spec = make_spec(tmp_path, [0.01, 0.2], pruning={"detector": "median",
+                                                     "params": {"n_startup_trials": 1, "n_warmup_steps": 0}})
+    summary = SweepRunner(spec, prune=True, report=False, trial_fn=scripted(trial)).run()
+    assert [(t["number"], t["state"], t["stop_reason"]) for t in summary["trials"]] == [
+        (0, "completed", None), (1, "pruned", "pruned by the median pruner at step 2: its best score so far at step 2 "
+                                              "is below the median of earlier trials' at the same step")]
