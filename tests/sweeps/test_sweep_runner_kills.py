@@ -408,7 +408,7 @@ def test_the_budget_is_checked_only_when_a_trial_could_start_and_said_once(tmp_p
         def trial(n, i, request, observer):
             if n == 0:
                 return done(gpu_seconds=7200.0)
-            assert go.wait(30), f"no {release_on} event"
+            assert go.wait(10), f"no {release_on} event"
             return done(gpu_seconds=0.0)
 
         spec = make_spec(tmp_path / str(target), [0.01 * k for k in range(1, target + 1)], concurrency=2,
@@ -416,12 +416,15 @@ def test_the_budget_is_checked_only_when_a_trial_could_start_and_said_once(tmp_p
         summary = SweepRunner(spec, prune=False, report=False, trial_fn=scripted(trial), on_event=on_event).run()
         return summary, [info for kind, info in events if kind == "budget"]
 
+    # (trial 1 completes only if trial 0's end was handled while it ran: the loop waits for the first trial to end)
     summary, said = run(2, "trial_finished")
     assert (summary["budget_stop"], said, summary["trials_done"]) == (None, [], 2)
+    assert [t["state"] for t in summary["trials"]] == ["completed"] * 2
     summary, said = run(4, "budget")
     message = "budget.gpu_hours reached: 2.0000 of 1 GPU-hours spent"
     assert said == [{"message": message, "done": 1, "target": 4}]
     assert (summary["budget_stop"], summary["trials_done"]) == (message, 2)
+    assert [t["state"] for t in summary["trials"]] == ["completed"] * 2
 
 
 def test_the_sweeps_pruner_is_the_studys_when_pruning_is_on(tmp_path):
@@ -440,3 +443,98 @@ def test_the_sweeps_pruner_is_the_studys_when_pruning_is_on(tmp_path):
     assert [(t["number"], t["state"], t["stop_reason"]) for t in summary["trials"]] == [
         (0, "completed", None), (1, "pruned", "pruned by the median pruner at step 2: its best score so far at step 2 "
                                               "is below the median of earlier trials' at the same step")]
+
+
+def test_a_sweep_tells_its_tracker_and_listener_each_trial_and_stops_counting_a_finished_trial_as_live(tmp_path):
+    """One slot, two trials of 1800 GPU-s each (half the 1-GPU-hour budget): trial 1 starts because trial 0's
+    GPU time is counted once (its record) and no longer as live."""
+    from sweeps.runner import NullTracker, SweepRunner
+
+    told, events = [], []
+
+    class Tracker(NullTracker):
+        def trial_started(self, number, params):
+            return f"run-{number}"
+
+        def trial_finished(self, result, records):
+            told.append((result.number, result.run_id, records))
+
+    records = [{"step": 1}, {"step": 2, "gold_eval": 0.5}]
+
+    def trial(n, i, request, observer):
+        observer(2, {"gold_eval": 0.5, "wall_s": 900.0})
+        return done(gpu_seconds=1800.0, records=records)
+
+    spec = make_spec(tmp_path, [0.01, 0.2], budget={"gpu_hours": 1.0})
+    runner = SweepRunner(spec, prune=False, report=False, tracker=Tracker(), trial_fn=scripted(trial),
+                         on_event=lambda kind, info: events.append((kind, info)))
+    summary = runner.run()
+    assert (summary["budget_stop"], summary["trials_done"], summary["gpu_seconds"]) == (None, 2, 3600.0)
+    assert told == [(0, "run-0", records), (1, "run-1", records)]
+    params = {t["number"]: t["params"] for t in summary["trials"]}
+    assert [info for kind, info in events if kind == "trial_started"] == [
+        {"number": n, "params": params[n]} for n in (0, 1)]
+    assert [(info["result"].number, info["running"]) for kind, info in events if kind == "trial_finished"] == [
+        (0, 0), (1, 0)]
+    assert (runner._live_gpu_s, runner._done_seeds_gpu_s) == ({}, {})  # nothing left counted for ended trials
+
+
+def test_a_trial_that_never_ran_a_seed_and_a_tracker_that_cannot_record_it_do_not_stop_the_sweep(tmp_path):
+    from sweeps.runner import NullTracker, SweepRunner
+
+    class Tracker(NullTracker):
+        def trial_finished(self, result, records):
+            raise RuntimeError("tracking server down")
+
+    def trial(n, i, request, observer):
+        raise RuntimeError("no GPU")
+
+    events = []
+    summary = SweepRunner(make_spec(tmp_path, [0.01, 0.2]), prune=False, report=False, tracker=Tracker(),
+                          trial_fn=scripted(trial), on_event=lambda kind, info: events.append((kind, info))).run()
+    assert [(t["state"], t["error"]) for t in summary["trials"]] == [("failed", "RuntimeError: no GPU")] * 2
+    assert [(kind, info) for kind, info in events if kind == "warning"] == [
+        ("warning", {"message": f"trial {n}: tracking failed: tracking server down"}) for n in (0, 1)]
+
+
+def test_a_failed_sweep_says_so_and_a_failure_to_release_queued_trials_never_hides_the_first_error(tmp_path):
+    from sweeps.runner import NullTracker, SweepRunner
+
+    def sweep(name, listener_breaks, release_breaks):
+        finished_with, events = [], []
+
+        class Tracker(NullTracker):
+            def finish(self, summary, report_files, failed=False):
+                finished_with.append(failed)
+                return {}
+
+        def on_event(kind, info):
+            events.append((kind, info))
+            if listener_breaks and kind == "trial_finished":
+                raise RuntimeError("listener broke")
+
+        runner = SweepRunner(make_spec(tmp_path / name, [0.01]), prune=False, report=False, tracker=Tracker(),
+                             trial_fn=scripted(lambda n, i, request, observer: done()), on_event=on_event)
+        if release_breaks:
+            def release(study, queued):
+                raise RuntimeError("database is locked")
+
+            runner._release_queued = release
+        return runner, finished_with, events
+
+    # the sweep fails: the tracker hears failed=True, the error propagates
+    runner, finished_with, _ = sweep("a", True, False)
+    with pytest.raises(RuntimeError, match="listener broke"):
+        runner.run()
+    assert finished_with == [True]
+    # the sweep went well but its queued trials could not be released: that error is raised
+    runner, finished_with, _ = sweep("b", False, True)
+    with pytest.raises(RuntimeError, match="database is locked"):
+        runner.run()
+    # both: the sweep's own error is raised, the release failure is a warning, the tracker still hears failed=True
+    runner, finished_with, events = sweep("c", True, True)
+    with pytest.raises(RuntimeError, match="listener broke"):
+        runner.run()
+    assert [(kind, info) for kind, info in events if kind == "warning"] == [
+        ("warning", {"message": "queued trials left RUNNING for --resume: database is locked"})]
+    assert finished_with == [True]
