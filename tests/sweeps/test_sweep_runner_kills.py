@@ -538,3 +538,37 @@ def test_a_failed_sweep_says_so_and_a_failure_to_release_queued_trials_never_hid
     assert [(kind, info) for kind, info in events if kind == "warning"] == [
         ("warning", {"message": "queued trials left RUNNING for --resume: database is locked"})]
     assert finished_with == [True]
+
+
+# ---- _tell: what the study records of a finished trial -------------------------------------------------------------
+
+
+def test_tell_records_each_result_and_gives_optuna_its_state_without_a_warning(tmp_path):
+    import warnings
+
+    from sweeps.runner import SweepRunner, TrialResult
+
+    runner = SweepRunner(make_spec(tmp_path, [0.2]), prune=False, report=False)
+    study = optuna.create_study()
+    nan = math.nan
+    cases = [  # (state, objective, error) -> (Optuna state, value, recorded state, recorded error)
+        (("completed", 0.5, None), (TrialState.COMPLETE, 0.5, "completed", None)),
+        (("completed", nan, None), (TrialState.FAIL, None, "failed", "no checkpoint scored")),  # nothing scored
+        (("completed", nan, "ValueError: NaN weights"), (TrialState.FAIL, None, "failed", "ValueError: NaN weights")),
+        (("failed", nan, "RuntimeError: diverged"), (TrialState.FAIL, None, "failed", "RuntimeError: diverged")),
+        (("failed", 0.7, "RuntimeError: late"), (TrialState.FAIL, None, "failed", "RuntimeError: late")),
+        (("pruned", 0.3, None), (TrialState.PRUNED, None, "pruned", None)),  # no intermediate value: no value
+    ]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for (state, objective, error), _ in cases:
+            trial = study.ask()
+            res = TrialResult(number=trial.number, params={}, state=state, objective=objective, error=error,
+                              gpu_seconds=2.5, steps=8, curve=[(2, 0.5)])
+            runner._tell(study, trial, res)
+    assert [str(w.message) for w in caught] == []
+    got = [(t.state, t.value, t.user_attrs["result.state"], t.user_attrs["result.error"]) for t in study.trials]
+    assert got == [want for _, want in cases]
+    for t in study.trials:
+        assert (t.user_attrs["result.gpu_seconds"], t.user_attrs["result.steps"]) == (2.5, 8)
+        assert [tuple(p) for p in t.user_attrs["result.curve"]] == [(2, 0.5)]
