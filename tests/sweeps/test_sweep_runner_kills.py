@@ -360,13 +360,20 @@ def test_a_sweep_tells_its_tracker_the_spec_and_the_end_and_runs_trials_on_named
             calls.append(("finish", summary["trials_done"], report_files, failed))
             return {"registered": "nothing"}
 
-    names = []
+    names, events = [], []
     spec = make_spec(tmp_path, [0.01, 0.2])
+    t0 = time.time()
     summary = SweepRunner(spec, prune=False, report=False, tracker=Tracker(), trial_fn=scripted(
-        lambda n, i, request, observer: names.append(threading.current_thread().name) or done())).run()
+        lambda n, i, request, observer: names.append(threading.current_thread().name) or done()),
+        on_event=lambda kind, info: events.append((kind, info))).run()
+    elapsed = time.time() - t0
     assert calls == [("start", spec, False), ("finish", 2, [], False)]
     assert summary["registry"] == {"registered": "nothing"} and summary["report_files"] == []
+    assert not (spec.run_dir / "report").exists()  # report=False: none written
     assert len(names) == 2 and all(name.startswith("trial_") for name in names)
+    # the summary's target and the sweep's wall time; the last event is "done" with the summary
+    assert summary["target_trials"] == 2 and 0.0 <= summary["wall_s"] <= elapsed
+    assert events[-1] == ("done", summary) and [kind for kind, _ in events].count("done") == 1
 
 
 def test_every_parallel_trial_gets_a_thread_however_few_cores(tmp_path, monkeypatch):
@@ -572,3 +579,100 @@ def test_tell_records_each_result_and_gives_optuna_its_state_without_a_warning(t
     for t in study.trials:
         assert (t.user_attrs["result.gpu_seconds"], t.user_attrs["result.steps"]) == (2.5, 8)
         assert [tuple(p) for p in t.user_attrs["result.curve"]] == [(2, 0.5)]
+
+
+# ---- summary: what the sweep reports ---------------------------------------------------------------------------------
+
+
+def nan_free(x):
+    """`x` with every float NaN replaced by the string 'nan' (NaN != NaN would fail an equality check)."""
+    if isinstance(x, dict):
+        return {k: nan_free(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return type(x)(nan_free(v) for v in x)
+    return "nan" if isinstance(x, float) and math.isnan(x) else x
+
+
+@pytest.mark.parametrize("direction", ["maximize", "minimize"])
+def test_the_summary_by_hand_in_either_direction(tmp_path, direction):
+    from dataclasses import asdict
+
+    from sweeps.runner import SweepRunner, TrialResult
+
+    spec = make_spec(tmp_path, [0.2], direction=direction, tenant="beta", scheduler="SJF-Est", queue_depth=3,
+                     concurrency=2, pruning={"detector": "median"})
+    runner = SweepRunner(spec, prune=True, report=False)
+    study = optuna.create_study(direction=direction)
+    # (state, objective, GPU-s) of trials 0-4; the best: maximising, 0.8, tied by trials 1 and 3: the earlier, 1;
+    # minimising, 0.5, tied by trials 0 and 4: 0
+    rows = [("completed", 0.5, 10.0), ("pruned", 0.8, 5.0), ("failed", math.nan, 2.0), ("completed", 0.8, 1.0),
+            ("completed", 0.5, 7.0)]
+    results = []
+    for state, objective, gpu in rows:
+        t = study.ask(KL)
+        r = TrialResult(number=t.number, params=dict(t.params), state=state, objective=objective, objective_se=0.01,
+                        gpu_seconds=gpu, error="RuntimeError: x" if state == "failed" else None, steps=8,
+                        run_id=f"run-{t.number}", curve=[(2, 0.1)])
+        runner._tell(study, t, r)
+        results.append(r)
+    study.tell(study.ask(KL), state=TrialState.FAIL)  # trial 5: failed before anything was recorded: not reported
+    study.ask(KL)  # trial 6: running
+    runner.budget_stop = "budget.wall_s reached: 100 of 100 s"
+    runner.start_order = [0, 1, 3, 2, 4]
+    summary = runner.summary(study, results[3:], 12.5, 7)  # this session ran trials 3 and 4
+    best = {"maximize": 1, "minimize": 0}[direction]
+    assert nan_free(summary) == nan_free({
+        "name": "oracle", "tenant": "beta", "storage": spec.storage_url, "direction": direction, "prune": True,
+        "pruner": "median", "target_trials": 7, "trials": [asdict(r) for r in results],
+        "trials_done": 5, "trials_pruned": 1, "trials_failed": 1, "trials_this_session": 2,
+        "gpu_seconds": 10.0 + 5.0 + 2.0 + 1.0 + 7.0, "gpu_seconds_this_session": 1.0 + 7.0, "wall_s": 12.5,
+        "budget_stop": "budget.wall_s reached: 100 of 100 s", "scheduler": "SJF-Est", "queue_depth": 3,
+        "start_order": [0, 1, 3, 2, 4], "best": asdict(results[best])})
+
+    # a runner that has not run (no start order) with pruning off; nothing scored: no best
+    off = SweepRunner(spec, prune=False, report=False)
+    summary = off.summary(study, [], 0.0, 7)
+    assert (summary["prune"], summary["pruner"], summary["start_order"], summary["budget_stop"]) == (
+        False, "none", [], None)
+    empty = optuna.create_study(direction=direction)
+    t = empty.ask(KL)
+    runner._tell(empty, t, TrialResult(number=0, params={}, state="failed"))
+    assert runner.summary(empty, [], 0.0, 1)["best"] is None
+
+
+# ---- the runner's defaults -----------------------------------------------------------------------------------------
+
+
+def test_a_runner_prunes_and_writes_its_report_by_default_and_a_pruner_named_none_is_no_pruning(tmp_path):
+    from sweeps.runner import SweepRunner
+
+    trial = scripted(lambda n, i, request, observer: done())
+    spec = make_spec(tmp_path / "median", [0.2], pruning={"detector": "median"})
+    summary = SweepRunner(spec, trial_fn=trial).run()
+    assert (summary["prune"], summary["pruner"]) == (True, "median")
+    report = spec.run_dir / "report"
+    assert summary["report_files"] and all(Path(f).parent == report and Path(f).is_file()
+                                           for f in summary["report_files"])
+    for name in ("none", "None", "NONE"):
+        spec = make_spec(tmp_path / name, [0.2], pruning={"detector": name})
+        summary = SweepRunner(spec, prune=True, report=False, trial_fn=trial).run()
+        assert (summary["prune"], summary["pruner"]) == (False, "none")
+
+
+# ---- open_study --resume: trials a dead process left RUNNING ---------------------------------------------------------
+
+
+def test_resuming_fails_a_trial_left_running_as_interrupted_without_a_warning(tmp_path):
+    import warnings
+
+    from sweeps.runner import distributions, finished, open_study
+
+    spec = make_spec(tmp_path, [0.01, 0.2])
+    study = open_study(spec, prune=False, resume=False)
+    left = study.ask(distributions(spec))  # RUNNING when "the process died"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = open_study(spec, prune=False, resume=True)
+    assert [str(w.message) for w in caught] == []
+    (t,) = [t for t in resumed.trials if t.number == left.number]
+    assert (t.state, t.user_attrs) == (TrialState.FAIL, {"interrupted": True}) and finished(resumed) == []
