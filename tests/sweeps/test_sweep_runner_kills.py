@@ -128,7 +128,7 @@ def test_the_observer_reports_each_checkpoint_charges_the_live_trial_and_stops_w
 
     spec = make_spec(tmp_path, [0.2], concurrency=2, gpus_per_trial=2, pruning={"detector": "median"})
     runner = SweepRunner(spec, prune=True, report=False)
-    study = optuna.create_study(direction="minimize", pruner=ScriptedPruner(at={14}))
+    study = optuna.create_study(direction="minimize", pruner=ScriptedPruner(at={6}))  # prunes at the trial's step 6
     study.ask()  # trial 0: not the one observed
     trial = study.ask()  # trial 1
     out = tmp_path / "seed-1"
@@ -141,9 +141,8 @@ def test_the_observer_reports_each_checkpoint_charges_the_live_trial_and_stops_w
     assert runner._live_gpu_s == {1: 10.0 + 3.0 * 2}
     ckpt = trial.user_attrs[f"{CKPT_PREFIX}{10:09d}"]
     assert ckpt == {"score": 0.5, "se": 0.01, "reward": 1.5, "series": 1, "prompts": {"a": 0.25, "b": 0.5}}
-    # step 6 (the trial's 14): the pruner prunes; the reason names it, the seed's step and its own evidence
-    assert observe(6, {"gold_eval": 0.4, "wall_s": 7.0}) == ("pruned by the scripted pruner at step 6: MINIMIZE "
-                                                             "trial 1 last at 14")
+    # its step 6 is the trial's 14: not pruned there
+    assert observe(6, {"gold_eval": 0.4, "wall_s": 7.0}) is None
     assert runner._live_gpu_s == {1: 10.0 + 7.0 * 2}
     ckpt = trial.user_attrs[f"{CKPT_PREFIX}{14:09d}"]
     assert ckpt["prompts"] == {"a": 0.75, "b": -1.0} and (ckpt["score"], ckpt["series"]) == (0.4, 1)
@@ -155,12 +154,32 @@ def test_the_observer_reports_each_checkpoint_charges_the_live_trial_and_stops_w
     assert runner._observer(other, 0, 8, None, 4)(2, {"gold_eval": 0.3}) is None
     assert runner._live_gpu_s == {1: 24.0, 2: 0.0}
 
+    # a first seed's step 6: the pruner prunes; the reason names it, the step and its own evidence
+    first = study.ask()  # trial 3
+    assert runner._observer(first, 0, 8, None, 4)(6, {"gold_eval": 0.4}) == (
+        "pruned by the scripted pruner at step 6: MINIMIZE trial 3 last at 6")
+
     # pruning off (--no-prune): the observer never stops a trial, even where the study's pruner would
     off = SweepRunner(spec, prune=False, report=False)
-    late = study.ask()  # trial 3
-    assert off._observer(late, 1, 8, None, 4)(6, {"gold_eval": 0.4, "wall_s": 1.0}) is None
-    assert late.should_prune()  # the study's pruner would have pruned it at the trial's step 14
+    late = study.ask()  # trial 4
+    assert off._observer(late, 0, 8, None, 4)(6, {"gold_eval": 0.4, "wall_s": 1.0}) is None
+    assert late.should_prune()  # the study's pruner would have pruned it at step 6
 
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "bug in SweepRunner._observer: it gives stop_reason the seed's own step, so a later seed's record says "
+    "'pruned ... at step 6' where the trial's pruned_at and the pruner's own evidence say step 14 (the step it "
+    "reports to Optuna)"))
+def test_a_later_seeds_stop_reason_names_the_trials_step_as_pruned_at_does(tmp_path):
+    from sweeps.runner import SweepRunner
+
+    runner = SweepRunner(make_spec(tmp_path, [0.2], seeds=2, pruning={"detector": "median"}), report=False)
+    study = optuna.create_study(direction="minimize", pruner=ScriptedPruner(at={14}))
+    trial = study.ask()
+    # seed 1 of 8 steps: its step 6 is the trial's step 8 + 6 = 14, as _run_one's pruned_at counts it
+    assert runner._observer(trial, 1, 8, None, 4)(6, {"gold_eval": 0.4}) == (
+        "pruned by the scripted pruner at step 14: MINIMIZE trial 0 last at 14")
 
 # ---- _run_one: one trial's seeds, its tracker run, its GPU slot --------------------------------------------------
 
