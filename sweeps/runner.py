@@ -384,7 +384,8 @@ class SweepRunner:
                                   prompts=gate_scores(out_dir, step), planned_checkpoints=looks,
                                   keep="highest")  # the checkpoint run_trial keeps (best_of), in either direction
                 if self.prune and trial.should_prune():
-                    return stop_reason(trial.study.pruner, trial.study, trial, step)
+                    # the step Optuna knows the trial at (the trial's pruned_at), not the seed's own
+                    return stop_reason(trial.study.pruner, trial.study, trial, global_step)
             return None
 
         return observe

@@ -166,11 +166,6 @@ def test_the_observer_reports_each_checkpoint_charges_the_live_trial_and_stops_w
     assert late.should_prune()  # the study's pruner would have pruned it at step 6
 
 
-
-@pytest.mark.xfail(strict=True, reason=(
-    "bug in SweepRunner._observer: it gives stop_reason the seed's own step, so a later seed's record says "
-    "'pruned ... at step 6' where the trial's pruned_at and the pruner's own evidence say step 14 (the step it "
-    "reports to Optuna)"))
 def test_a_later_seeds_stop_reason_names_the_trials_step_as_pruned_at_does(tmp_path):
     from sweeps.runner import SweepRunner
 
@@ -180,6 +175,7 @@ def test_a_later_seeds_stop_reason_names_the_trials_step_as_pruned_at_does(tmp_p
     # seed 1 of 8 steps: its step 6 is the trial's step 8 + 6 = 14, as _run_one's pruned_at counts it
     assert runner._observer(trial, 1, 8, None, 4)(6, {"gold_eval": 0.4}) == (
         "pruned by the scripted pruner at step 14: MINIMIZE trial 0 last at 14")
+
 
 # ---- _run_one: one trial's seeds, its tracker run, its GPU slot --------------------------------------------------
 
