@@ -303,3 +303,31 @@ def test_gate_weight_pools_nothing_on_the_runs_own_noise():
     assert mon.noise.from_gate is False
     assert own == pytest.approx(9.079047317142642, rel=1e-12)
     assert mon.sigma() == own
+
+
+# ---- _DivergenceMonitor.decline_statistic by hand (the rule for runs without a proxy, on their own noise) ---------
+def _decline(evals, sigma, hold=2, hold_drawdown=0.5):
+    """decline_statistic of a monitor that has seen `evals`: (top - max(last hold)) / sigma when that fall exceeds
+    hold_drawdown x (top - bottom), else 0 (0 also with no more than `hold` evals or sigma not > 0)."""
+    from eval.detectors import Checkpoint
+    from eval.stop_rules import Divergence
+
+    mon = Divergence(hold=hold, hold_drawdown=hold_drawdown).start()
+    for i, e in enumerate(evals):
+        mon.noise.add(Checkpoint(step=float(i), eval_score=float(e)))
+    return mon.decline_statistic(sigma)
+
+
+def test_decline_statistic_by_hand():
+    # top 1, bottom 0, last two at most 0.2: a fall of 0.8 > 0.5 x 1, in noise SDs of 0.4: 2.0
+    assert _decline([0.0, 1.0, 0.2, 0.1], 0.4) == pytest.approx(2.0)
+    # exactly at the drawdown bar (0.5 = 0.5 x 1): not beyond it, 0
+    assert _decline([0.0, 1.0, 0.5, 0.5], 0.4) == 0.0
+    # range 2: the bar is 0.5 x 2 = 1.0; a fall of 0.5 is inside it
+    assert _decline([0.0, 2.0, 1.5, 1.4], 0.4) == 0.0
+    # bottom 1, top 3 (range 2, bar 1.0): a fall of 1.5 is beyond it: 1.5 / 0.5 = 3.0
+    assert _decline([1.0, 3.0, 1.5, 1.2], 0.5) == pytest.approx(3.0)
+    # no more evals than `hold`: 0, whatever they show
+    assert _decline([1.0, 0.0], 0.4) == 0.0
+    # a noise figure of 0 (an exactly linear run) gives 0, not a division by zero
+    assert _decline([0.0, 1.0, 0.2, 0.1], 0.0) == 0.0

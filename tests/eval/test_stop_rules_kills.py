@@ -255,3 +255,12 @@ def test_bocpd_bar_is_strict():
     e = [0.0, -0.375 * SQRT2]
     assert _verdicts(Bocpd(level=0.5), e, se=1.0) == [False, False]
     assert _verdicts(Bocpd(level=0.5 - 1e-9), e, se=1.0) == [False, True]
+
+
+def test_params_name_each_rules_parameters_as_its_constructor_takes_them():
+    """`params()` is what a result table's label and a replay's config record: the constructor's own keyword names
+    with the values given (a misspelled key would make `make_detector(name, **params)` refuse its own record)."""
+    from eval.stop_rules import Bocpd, StopAt
+
+    assert StopAt(p=0.4).params() == {"p": 0.4}
+    assert Bocpd(hazard=0.2, level=0.7, min_drop=0.3).params() == {"hazard": 0.2, "level": 0.7, "min_drop": 0.3}

@@ -251,3 +251,36 @@ def test_engine_and_scorer_start_empty_and_release_to_none():
     assert sc.cache is None
     with pytest.raises(ValueError, match="unknown scorer kind 'logits'"):
         IncrementalScorer(torch.nn.Linear(1, 1), "logits")
+
+
+# ---- the off-policy correction's edges (training.ppo; no selected test reaches these functions) -------------------
+def test_decoupled_keeps_a_weight_exactly_at_the_cap_and_an_unknown_correction_names_the_choices():
+    """"decoupled" keeps w where w <= cap: a token whose pi_prox equals pi_behav has w = 1 exactly, kept at cap 1
+    (a strict `<` would zero it); a correction outside ("none", "tis", "decoupled") is refused with that list."""
+    import torch
+
+    from training.ppo import importance_weights
+
+    zeros, mask = torch.zeros(1, 3), torch.tensor([[1.0, 1.0, 0.0]])
+    w = importance_weights(zeros, zeros, mask, cap=1.0, correction="decoupled")
+    assert w.tolist() == [[1.0, 1.0, 0.0]]
+    with pytest.raises(ValueError) as err:
+        importance_weights(zeros, zeros, mask, cap=1.0, correction="clip")
+    assert str(err.value) == "unknown correction 'clip' (choose from: none, tis, decoupled)"
+
+
+def test_the_off_policy_losss_approx_kl_is_the_k3_estimator_by_hand():
+    """approx_kl = mean over trained tokens of (r - 1) - log r, r = pi / pi_prox: ratios 2 and 1 on two tokens give
+    ((2 - 1) - ln 2 + 0) / 2 = 0.1534; the padded third token is not counted."""
+    import math
+
+    import torch
+
+    from training.ppo import corrected_policy_loss
+
+    prox = torch.zeros(1, 3)
+    logprobs = torch.tensor([[math.log(2.0), 0.0, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    _, stats = corrected_policy_loss(logprobs, prox, prox, torch.ones(1, 3), mask, clip=0.2, cap=2.0,
+                                     correction="tis")
+    assert float(stats["approx_kl"]) == pytest.approx((1 - math.log(2.0)) / 2, abs=1e-6)
