@@ -331,3 +331,7 @@ def test_decline_statistic_by_hand():
     assert _decline([1.0, 0.0], 0.4) == 0.0
     # a noise figure of 0 (an exactly linear run) gives 0, not a division by zero
     assert _decline([0.0, 1.0, 0.2, 0.1], 0.0) == 0.0
+    # the window is the LAST `hold` evals: of five, the last two (0.2, 0.1), not those from the third on (0.9 ...)
+    assert _decline([0.0, 1.0, 0.9, 0.2, 0.1], 0.4) == pytest.approx(2.0)
+    # hold 1: the last eval alone (0.2) is 0.8 below the top
+    assert _decline([0.0, 1.0, 0.2], 0.4, hold=1) == pytest.approx(2.0)
