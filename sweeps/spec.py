@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from common.errors import BadInput, describe_validation_error, validated
-from training.detector_spec import DETECTOR_DEFAULTS
+from training.detector_spec import with_platform_settings
 from training.request import check_name, parse_request
 
 KINDS = ("grid", "choice", "uniform", "log_uniform")
@@ -131,7 +131,7 @@ class PruningSpec(_Strict):
     def _platform_settings(self) -> PruningSpec:
         # the same settings a job's gate gets for a rule named without them, so `pruning: {detector: paired}` prunes
         # a trial on the evidence that would pause the same run as a job
-        self.params = {**DETECTOR_DEFAULTS.get(self.detector.lower(), {}), **self.params}
+        self.params = with_platform_settings(self.detector, self.params)
         return self
 
 

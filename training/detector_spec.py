@@ -24,6 +24,12 @@ DetectorName = Literal["noisepatience", "divergence", "evalstop", "stopat", "los
 #: class defaults (eval/paired.py: margin 0) stay what `rlhfops detect`, the simulator and the corpus replays use.
 DETECTOR_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({"paired": MappingProxyType({"margin": 0.1})})
 
+def with_platform_settings(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """`params` over the platform's settings for the rule `name` (`DETECTOR_DEFAULTS`; none for other rules): what a
+    job's gate and a sweep's detector pruner run when they name the rule without a parameter."""
+    return {**DETECTOR_DEFAULTS.get(name.strip().lower(), {}), **params}
+
+
 _DETECTOR_TEXT = re.compile(r"^\s*(?P<name>[A-Za-z_]\w*)\s*(?:\((?P<args>[^()]*)\))?\s*$")
 DETECTOR_SYNTAX = "write NAME or NAME(param=value, ...), e.g. paired or paired(margin=0.1)"
 
@@ -128,7 +134,7 @@ class DetectorSpec(BaseModel):
             params = value.get("params")
             params = {} if params is None else params
             if isinstance(params, Mapping):
-                params = {**DETECTOR_DEFAULTS.get(name, {}), **params}
+                params = with_platform_settings(name, params)
             value = {**value, "name": name, "params": params}
         return value
 
