@@ -301,10 +301,17 @@ class SlotPool:
     def _provision(self) -> str:
         try:
             from prefect.client.orchestration import get_client
+            from prefect.exceptions import ObjectAlreadyExists
 
             def upsert() -> None:
                 with get_client(sync_client=True) as c:
-                    c.upsert_global_concurrency_limit_by_name(self.name, self.size)
+                    try:
+                        c.upsert_global_concurrency_limit_by_name(self.name, self.size)
+                    except ObjectAlreadyExists:
+                        # Prefect's upsert is a read, then a create: a pool provisioned at the same moment in another
+                        # thread or process created the limit in between. Upserting again finds it (and resizes it)
+                        # instead of falling back to a local semaphore that the other pool does not share.
+                        c.upsert_global_concurrency_limit_by_name(self.name, self.size)
 
             # a server restarting is waited out, not taken for a server that cannot hold the limit
             retry_unreachable(upsert)
