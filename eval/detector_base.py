@@ -67,14 +67,19 @@ class Detector:
     def label(self) -> str:
         """Name used in result tables: the title, plus any parameter that differs from its default
         (`EvalStop`, `EvalStop(k=3)`, `CUSUM(h=2)`), so differently tuned detectors never share a row."""
-        import inspect
-
-        defaults = {k: v.default for k, v in inspect.signature(type(self).__init__).parameters.items()
-                    if v.default is not inspect.Parameter.empty}
+        defaults = self.label_defaults()
         changed = [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                    for k, v in self.params().items() if k in defaults and defaults[k] != v]
         title = self.title or self.name
         return f"{title}({','.join(changed)})" if changed else title
+
+    def label_defaults(self) -> dict[str, Any]:
+        """The parameter values `label` leaves out: the constructor's defaults. A detector whose default is
+        derived from another parameter (a None that means "the same as z") overrides this with the value."""
+        import inspect
+
+        return {k: v.default for k, v in inspect.signature(type(self).__init__).parameters.items()
+                if v.default is not inspect.Parameter.empty}
 
     def params(self) -> dict[str, Any]:
         return {}

@@ -466,6 +466,10 @@ class Divergence(Detector):
 
     title = "Divergence"
 
+    def label_defaults(self) -> dict[str, Any]:
+        # z_own's default, None, means "the same as z": a z_own equal to z is not a change of the defaults
+        return {**super().label_defaults(), "z_own": self.z}
+
     def start(self) -> Monitor:
         return _DivergenceMonitor(self)
 

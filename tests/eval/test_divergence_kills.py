@@ -47,12 +47,12 @@ def test_class_defaults_are_the_plain_signature_rule():
     assert det.tests == [(4, 1.0), (3, 2.0)]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31 finding: Detector.label compares params() with the signature's "
-                   "defaults, and z_own's default is None (meaning 'z'), so the default Divergence is labelled "
-                   "'Divergence(z_own=1)' and Divergence(z=2) 'Divergence(z=2,z_own=2)'")
 def test_the_default_divergence_is_labelled_by_its_title_alone():
     assert Divergence().label == "Divergence"
     assert Divergence(z=2.0).label == "Divergence(z=2)"
+    assert Divergence(z=2.0, z_own=2.0).label == "Divergence(z=2)"  # z_own equal to z is its default
+    assert Divergence(z_own=0.5).label == "Divergence(z_own=0.5)"
+    assert Divergence(z=2.0, z_own=1.0).label == "Divergence(z=2,z_own=1)"
 
 
 def test_explicit_parameters_are_kept():
