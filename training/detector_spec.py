@@ -24,6 +24,7 @@ DetectorName = Literal["noisepatience", "divergence", "evalstop", "stopat", "los
 #: class defaults (eval/paired.py: margin 0) stay what `rlhfops detect`, the simulator and the corpus replays use.
 DETECTOR_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({"paired": MappingProxyType({"margin": 0.1})})
 
+
 def with_platform_settings(name: str, params: Mapping[str, Any]) -> dict[str, Any]:
     """`params` over the platform's settings for the rule `name` (`DETECTOR_DEFAULTS`; none for other rules): what a
     job's gate and a sweep's detector pruner run when they name the rule without a parameter."""

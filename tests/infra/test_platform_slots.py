@@ -83,28 +83,25 @@ def test_prefect_limit_serialises_two_holders_that_need_every_slot(prefect_serve
     held: dict[str, tuple[float, float]] = {}  # filled by the holders
     meet = threading.Barrier(2, timeout=60)
 
+    errors: dict[str, BaseException] = {}  # a holder's exception, reported by the assertion in `both`
+
     def holds_slots(label: str, n: int) -> None:
-        pool = SlotPool(size, name)
-        assert pool.backend == "prefect", pool.reason
-        with pool.take(n):
-            start = time.time()
-            if n < size:  # control: wait inside the slots until the other holder is inside too
-                meet.wait()
-            time.sleep(1.0)
-            held[label] = (start, time.time())
-
-    errors: dict[str, BaseException] = {}
-
-    def run(label: str, n: int) -> None:
         try:
-            holds_slots(label, n)
-        except BaseException as err:  # noqa: BLE001 - reported by the assertion below, with the other thread's
+            pool = SlotPool(size, name)
+            assert pool.backend == "prefect", pool.reason
+            with pool.take(n):
+                start = time.time()
+                if n < size:  # control: wait inside the slots until the other holder is inside too
+                    meet.wait()
+                time.sleep(1.0)
+                held[label] = (start, time.time())
+        except BaseException as err:  # noqa: BLE001 - a thread's exception would otherwise be lost
             errors[label] = err
 
     def both(n: int) -> tuple[dict, float]:
         held.clear()
         errors.clear()
-        threads = [threading.Thread(target=run, args=(label, n)) for label in ("a", "b")]
+        threads = [threading.Thread(target=holds_slots, args=(label, n)) for label in ("a", "b")]
         t0 = time.perf_counter()
         for t in threads:
             t.start()
