@@ -127,18 +127,33 @@ def _spec_error(err: ValidationError) -> tuple[str, str]:
     return loc, describe(err).removeprefix(f"{loc}: ")
 
 
-def parse_detector(value: Any, field: str = "detector") -> DetectorSpec | None:
-    """A `DetectorSpec` from text, a mapping or a spec (None: no gate); BadInput naming `field` and the part that is
-    wrong: `detector.params.margin: -1 is refused (...)`, `--detector: 'nope' is not one of (...)`."""
+class _SpecInvalid(ValueError):
+    """A detector spec that does not validate: `path` inside the spec ("params.margin"; "" for the rule's name or
+    text that does not read as NAME(param=value, ...)) and the message."""
+
+    def __init__(self, path: str, msg: str):
+        super().__init__(msg)
+        self.path, self.msg = path, msg
+
+
+def _validated_spec(value: Any) -> DetectorSpec | None:
+    """The one check of a detector value (text, mapping or spec; None: no gate), shared by the edge
+    (`parse_detector`) and `JobRequest`'s validator; `_SpecInvalid` naming the part that is wrong."""
     if value is None or isinstance(value, DetectorSpec):
         return value
     try:
         return DetectorSpec.model_validate(value)
     except ValidationError as err:
-        path, msg = _spec_error(err)
-        raise BadInput(f"{field}.{path}: {msg}" if path else f"{field}: {msg}") from None
-    except ValueError as err:  # text that does not read as NAME(param=value, ...)
-        raise BadInput(f"{field}: {err}") from None
+        raise _SpecInvalid(*_spec_error(err)) from None
+
+
+def parse_detector(value: Any, field: str = "detector") -> DetectorSpec | None:
+    """A `DetectorSpec` from text, a mapping or a spec (None: no gate); BadInput naming `field` and the part that is
+    wrong: `detector.params.margin: -1 is refused (...)`, `--detector: 'nope' is not one of (...)`."""
+    try:
+        return _validated_spec(value)
+    except _SpecInvalid as err:
+        raise BadInput(f"{field}.{err.path}: {err.msg}" if err.path else f"{field}: {err.msg}") from None
 
 
 class RunInternals(BaseModel):
@@ -226,13 +241,10 @@ class JobRequest(BaseModel):
     @field_validator("detector", mode="before")
     @classmethod
     def _detector(cls, value: Any) -> Any:
-        if value is None or isinstance(value, DetectorSpec):
-            return value
         try:
-            return DetectorSpec.model_validate(value)
-        except ValidationError as err:
-            path, msg = _spec_error(err)
-            raise PydanticCustomError("detector_spec", "{msg}", {"path": path, "msg": msg}) from None
+            return _validated_spec(value)
+        except _SpecInvalid as err:
+            raise PydanticCustomError("detector_spec", "{msg}", {"path": err.path, "msg": err.msg}) from None
 
     @field_validator("tenant", "name", "registered_model", mode="before")
     @classmethod
