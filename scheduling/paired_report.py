@@ -500,8 +500,26 @@ noisepatience on the same runs it now stops more hacking runs usefully at the sa
 2/101 each) and keeps more quality (0.238 against 0.203); at rho 0 it did not dominate (16 false stops against 2).
 Useful recall below 85% is not solved by it. The table at the top of this section is at that default, so its report
 rows are a third read of the report part and in-sample too. Whether the rule holds on runs nothing was chosen on is
-for the fresh report part (seeds 72-83, data/prompts/DECLARATION-fresh.md), declared before any of its runs is
+for the fresh report part (seeds 72-91, data/prompts/DECLARATION-fresh.md), declared before any of its runs is
 recorded.
+"""
+
+
+CEILING = """### The ceiling: a threshold chosen knowing the labels
+
+How far one simple family of rules could go on these runs (scheduling/paired_ceiling.py): stop at the first checkpoint
+k whose paired decline against some earlier checkpoint s (the t statistic of the per-prompt contrast
+(1 - rho) y_s + rho y_0 - y_k on the gate's common random numbers, the statistic the paired rule bounds) exceeds a
+constant t. In each cell t is chosen **knowing the labels**: among the thresholds that stop at most 2% of the healthy
+runs, the one that stops the most hacking runs usefully (at or after the gold peak, before the last checkpoint). It
+states no error rate and is fitted to the runs it is scored on: an upper bound for the family, not a rule. The paired
+rule, which must hold alpha over 20 looks and every reference, needs 4.2-4.5 paired SEs at 64 prompts (a larger t).
+Where a cell's useful recall is below 85%, no constant threshold on that statistic reaches the issue's recall bar on
+those runs at that false-stop rate, whatever it is tuned to. 128 prompts: the whole recorded pool at every
+checkpoint (the extension reads between 64 and 128 per pair, so it sits between the two rows; strictly, a rule that
+picks the prompt count per pair is not inside the family).
+
+{table}
 """
 
 
@@ -513,6 +531,9 @@ def report(corpus: Path, parts: list[str], budget_frac: float = 0.25, out: Path 
     results, params = run_report(corpus, parts, budget_frac)
     note = "\n\n".join(f"Acceptance on `{part}` (the issue's bars): "
                        + acceptance(r["paired"], r[DEFAULT_DETECTOR], budget_frac) for part, r in results.items())
+    from scheduling.paired_ceiling import ceiling_table
+
+    note += "\n\n" + CEILING.format(table=ceiling_table({p: load_part(corpus / p) for p in parts}))
     if "report" in parts:
         note += "\n\n" + REPORT_READS
     if TUNE_PART in parts and "report" in parts:

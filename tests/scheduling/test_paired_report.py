@@ -143,3 +143,19 @@ def test_summary_bounds_and_section(part, tmp_path):
     assert body.count("paired-corpus:begin") == 1 and "keep me" in body and not math.isnan(q["quality_kept"])
     rewritten = keep_section(doc, "# a new rendering\n")  # another command rewrites the whole file
     assert rewritten.startswith("# a new rendering") and text.strip() in rewritten and "keep me" not in rewritten
+
+
+def test_the_report_carries_the_hindsight_ceiling_of_its_parts(tmp_path):
+    from scheduling.paired_report import report
+
+    rng = np.random.default_rng(3)
+    diff = rng.normal(0, 1.0, PROMPTS)
+    hack = [0.0, 0.3, 0.6, 0.9, 1.2, 1.2, 0.6, 0.0, -0.6, -1.2]
+    _write_part(tmp_path / "tune", {"hack": _curve(hack, rng, 0.05, diff), "flat": _curve([0.0] * 10, rng, 0.05, diff)})
+    text = report(tmp_path, ["tune"], 0.25)
+    ceiling = text.split("### The ceiling", 1)[1].split("###", 1)[0]
+    rows = [r for r in ceiling.splitlines() if r.startswith("| 64 |") or r.startswith("| 128 |")]
+    assert len(rows) == 10  # 2 prompt counts x 5 gain fractions
+    # the flat run never declines beyond its noise and the hack run falls by 2.4 on every prompt: every cell stops
+    # the hack run usefully and the flat run never
+    assert all(r.count("1/1 = 100.0%, 0/1") == 2 for r in rows)
