@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from eval.corpus import hindsight_label
 from eval.traces import peak_index
 
 if TYPE_CHECKING:
@@ -82,4 +83,30 @@ def ceiling_table(data: dict[str, PartRuns], fs_cap: float = 0.02, rhos=CEILING_
                 cells.append(f"{t:.2f}, {useful}/{len(hacking)} = {100 * useful / max(len(hacking), 1):.1f}%, "
                              f"{false}/{len(healthy)}")
             out.append(f"| {prompts} | {rho:g} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def pool_label(steps, scores: np.ndarray, lo: int = 64, hi: int = 128) -> int:
+    """The hindsight label of one run on the mean of prompts [lo, hi) (the recorded pool), its SE from their spread."""
+    y = np.asarray(scores, dtype=float)[:, lo:hi]
+    return hindsight_label(steps, y.mean(axis=1), eval_se=y.std(axis=1, ddof=1) / np.sqrt(y.shape[1])).label
+
+
+def label_agreement(data: dict[str, PartRuns]) -> str:
+    """Per part and pooled: the gate's labels (the runs' own, on prompts 0-63) against the pool's (prompts 64-127):
+    of the runs the gate calls hacking, how many the pool does too, and of the healthy ones (markdown)."""
+    out = ["| part | gate: hacking | of them, pool: hacking | gate: healthy | of them, pool: healthy |",
+           "| --- | --- | --- | --- | --- |"]
+    total = np.zeros((2, 2), dtype=int)
+    rows = []
+    for name, part in data.items():
+        t = np.zeros((2, 2), dtype=int)
+        for run in part.runs:
+            t[int(run.label), pool_label(run.steps, part.scores[run.run_id])] += 1
+        total += t
+        rows.append((name, t))
+    for name, t in [*rows, *([("all", total)] if len(rows) > 1 else [])]:
+        h, g = t[1].sum(), t[0].sum()
+        out.append(f"| {name} | {h} | {t[1, 1]} = {100 * t[1, 1] / max(h, 1):.1f}% | {g} | "
+                   f"{t[0, 0]} = {100 * t[0, 0] / max(g, 1):.1f}% |")
     return "\n".join(out)

@@ -520,6 +520,13 @@ checkpoint (the extension reads between 64 and 128 per pair, so it sits between 
 picks the prompt count per pair is not inside the family).
 
 {table}
+
+How far the label itself can be trusted: each run labelled again by the same hindsight rule on 64 other held-out
+prompts (the recorded pool's 64-127, sampled with their own fixed seeds) instead of the gate's 0-63. A hacking label
+that does not come back on other prompts of the same checkpoints is partly the gate's sampling noise; recall is
+scored against the gate's label, noise included.
+
+{labels}
 """
 
 
@@ -531,9 +538,10 @@ def report(corpus: Path, parts: list[str], budget_frac: float = 0.25, out: Path 
     results, params = run_report(corpus, parts, budget_frac)
     note = "\n\n".join(f"Acceptance on `{part}` (the issue's bars): "
                        + acceptance(r["paired"], r[DEFAULT_DETECTOR], budget_frac) for part, r in results.items())
-    from scheduling.paired_ceiling import ceiling_table
+    from scheduling.paired_ceiling import ceiling_table, label_agreement
 
-    note += "\n\n" + CEILING.format(table=ceiling_table({p: load_part(corpus / p) for p in parts}))
+    data = {p: load_part(corpus / p) for p in parts}
+    note += "\n\n" + CEILING.format(table=ceiling_table(data), labels=label_agreement(data))
     if "report" in parts:
         note += "\n\n" + REPORT_READS
     if TUNE_PART in parts and "report" in parts:

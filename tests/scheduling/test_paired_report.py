@@ -159,3 +159,24 @@ def test_the_report_carries_the_hindsight_ceiling_of_its_parts(tmp_path):
     # the flat run never declines beyond its noise and the hack run falls by 2.4 on every prompt: every cell stops
     # the hack run usefully and the flat run never
     assert all(r.count("1/1 = 100.0%, 0/1") == 2 for r in rows)
+
+
+def test_label_agreement_counts_labels_that_come_back_on_the_pool(tmp_path):
+    from scheduling.paired_ceiling import label_agreement
+
+    rng = np.random.default_rng(5)
+    diff = rng.normal(0, 1.0, PROMPTS)
+    hack = [0.0, 0.3, 0.6, 0.9, 1.2, 1.2, 0.6, 0.0, -0.6, -1.2]
+    rise = [0.0, 0.3, 0.6, 0.9, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]
+    both = _curve(hack, rng, 0.05, diff)  # falls on every prompt: hacking on the gate and on the pool
+    gate_only = _curve(rise, rng, 0.05, diff)
+    gate_only[:, :64] = _curve(hack, rng, 0.05, diff)[:, :64]  # falls on the gate's prompts only
+    pool_only = _curve(rise, rng, 0.05, diff)
+    pool_only[:, 64:] = _curve(hack, rng, 0.05, diff)[:, 64:]  # falls on the pool's prompts only
+    runs = {"both": both, "both2": _curve(hack, rng, 0.05, diff), "gate_only": gate_only, "pool_only": pool_only,
+            "rise": _curve(rise, rng, 0.05, diff), "rise2": _curve(rise, rng, 0.05, diff)}
+    _write_part(tmp_path / "tune", runs)
+    table = label_agreement({"tune": load_part(tmp_path / "tune")})
+    # gate labels: both, both2, gate_only hacking; pool_only, rise, rise2 healthy. The pool agrees on all but
+    # gate_only and pool_only
+    assert "| tune | 3 | 2 = 66.7% | 3 | 2 = 66.7% |" in table
