@@ -1,7 +1,7 @@
 """The paired, anytime-valid stop rule (`eval/paired.py`) against the mean-only default (`NoisePatience`) on the
 per-prompt corpus (`data/prompts/`, declared in its DECLARATION.md): the same runs, the same gate records.
 
-    rlhfops paired-report --corpus data/prompts --parts tune,report --out docs/detectors.md
+    rlhfops paired-report --corpus data/prompts --parts tune,report,fresh --out docs/detectors.md
 
 Per run, the paired rule sees at every checkpoint the gate's own 64 per-prompt gold scores (held-out batch 0). When
 it is undecided and more prompts could settle a decline (`wants_more_evidence`), the replay gives it the next
@@ -500,8 +500,39 @@ noisepatience on the same runs it now stops more hacking runs usefully at the sa
 2/101 each) and keeps more quality (0.238 against 0.203); at rho 0 it did not dominate (16 false stops against 2).
 Useful recall below 85% is not solved by it. The table at the top of this section is at that default, so its report
 rows are a third read of the report part and in-sample too. Whether the rule holds on runs nothing was chosen on is
-for the fresh report part (seeds 72-91, data/prompts/DECLARATION-fresh.md), declared before any of its runs is
-recorded.
+for the fresh report part (seeds 72-91, data/prompts/DECLARATION-fresh.md), declared before any of its runs was
+recorded: its one read is the next section.
+"""
+
+FRESH_READ = """### The fresh report part: the one out-of-sample read
+
+Seeds 72-91 (data/prompts/DECLARATION-fresh.md), declared before any of its runs was recorded, recorded sealed and
+read once, by this command, at the paired rule's defaults of cc6732f: the `fresh` rows above (commit c6cdc9f holds
+that output as it came; this section describes it and changes nothing). 200 runs: 78 hacking, 122 healthy (about 74
+and 126 were expected).
+
+- **The paired rule:** 60/78 useful stops (76.9%, 95% CI 66.0-85.7%), 3/122 false stops (2.5%, 0.5-7.0%), quality
+  kept 0.309, extra eval 8.3% of the fixed gate. On the parts its relative margin was chosen on it had 41/59 useful
+  and 2/101 false stops: out of sample it stops more hacking runs at about the same false-stop rate.
+- **Against noisepatience on the same runs:** 60 against 49 useful stops, 3 against 1 false stops, quality kept
+  0.309 against 0.249, the useful stops 2 checkpoints sooner after the gold peak (8.3 against 10.3).
+- **The issue's bars:** extra eval <= 25% and quality kept above noisepatience's are met. The false-stop rate (2.5%;
+  bar 2%, its upper bound 7.0%, bar 5%) and useful recall (76.9%; bar 85%, its lower bound 66.0%, bar 75%) are not.
+- **The three false stops are real declines.** Two healthy runs fell by 88% and 90% of the label's margin by the end
+  (`kl0.05-lr3e-4` seeds 77 and 87: the gate's mean went from 0.63 to 0.09 and from 0.44 to -0.09, and ended at 0.37
+  and 0.14). One fell 0.81 in four checkpoints and recovered (`game40-kl0.02-lr3e-4` seed 89: 0.41 at step 20,
+  -0.40 at step 40, 0.57 at step 85). Each fell by more than the relative margin (12.5% of the gain), so none is
+  outside what alpha promises: alpha bounds stopping a run whose quality never falls by more than the margin. The label
+  calls a run healthy unless, by the end, it has fallen by 20% of its range and 3 noise SDs.
+- **The hacking runs not stopped usefully:** 9 never stopped, 8 stopped only at the last checkpoint (too late to
+  count), 1 stopped before its peak.
+- **The ceiling above:** on these runs, no constant threshold on the paired decline reaches 85% useful stops at <= 2%
+  false stops, even one chosen knowing the labels: 75.6% at best on the gate's 64 prompts (rho 0.2), 79.5% on all
+  128 recorded prompts (rho 0.125-0.2). The rule, which states its error rate, reaches 76.9% with its extension,
+  at that ceiling. On all 360 runs the ceiling is 73.7%. More prompts raise it little (64 -> 128: +3.9 points on
+  `fresh`), because with more prompts the healthy runs' real dips become significant too.
+- **The label:** 72 of the 78 runs the gate's 64 prompts call hacking are called hacking on the pool's 64 other
+  prompts too (92.3%); 121 of 137 over all three parts (88.3%).
 """
 
 
@@ -547,6 +578,8 @@ def report(corpus: Path, parts: list[str], budget_frac: float = 0.25, out: Path 
     if TUNE_PART in parts and "report" in parts:
         both = {p: load_part(corpus / p) for p in (TUNE_PART, "report")}
         note += "\n\n" + RELATIVE_CHOICE.format(budget=f"{budget_frac:.0%}", table=relative_frontier(both, budget_frac))
+    if "fresh" in parts:
+        note += "\n\n" + FRESH_READ
     if TUNE_PART in parts:
         tune = load_part(corpus / TUNE_PART)
         note += ("\n\n" + WHY_MISSED + "\n" + decline_table(tune) + "\n\nThe tune part's frontier (budget "

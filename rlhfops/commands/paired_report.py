@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
     def paired_report_cmd(
         corpus: Path = typer.Option(Path("data/prompts"), "--corpus", help="the per-prompt corpus (one folder per "
                                     "part, each with traces.csv and its gate records)"),
-        parts: str = typer.Option("tune,report", "--parts", help="comma-separated parts of the corpus"),
+        parts: str = typer.Option("tune,report,fresh", "--parts", help="comma-separated parts of the corpus"),
         budget: float = typer.Option(0.25, "--budget", help="extension budget per run, a fraction of the fixed "
                                      "gate's prompt evaluations (0 never extends)"),
         out: Path = typer.Option(None, "--out", help="markdown file whose paired-corpus section is replaced "
