@@ -13,15 +13,20 @@ reaches the bar on those runs at that false-stop cap.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from eval.corpus import hindsight_label
-from eval.traces import peak_index
+from eval.traces import Run, peak_index
 
-if TYPE_CHECKING:
-    from scheduling.paired_report import PartRuns
+
+class PartRuns(Protocol):
+    """What the tables read of a corpus part (`scheduling.paired_report.PartRuns`, which imports this module): its
+    labelled runs and, per run, the gold scores [checkpoints, prompts] in prompt-id order."""
+
+    runs: list[Run]
+    scores: dict[str, np.ndarray]
 
 CEILING_RHOS = (0.0, 0.1, 0.125, 0.2, 0.3)
 CEILING_PROMPTS = (64, 128)
