@@ -22,11 +22,12 @@ from eval.traces import Run, peak_index
 
 
 class PartRuns(Protocol):
-    """What the tables read of a corpus part (`scheduling.paired_report.PartRuns`, which imports this module): its
+    """What the tables read of a corpus part (`scheduling.paired_report.PartRuns`; that module imports this one): its
     labelled runs and, per run, the gold scores [checkpoints, prompts] in prompt-id order."""
 
     runs: list[Run]
     scores: dict[str, np.ndarray]
+
 
 CEILING_RHOS = (0.0, 0.1, 0.125, 0.2, 0.3)
 CEILING_PROMPTS = (64, 128)
@@ -79,7 +80,10 @@ def ceiling_table(data: dict[str, PartRuns], fs_cap: float = 0.02, rhos=CEILING_
                 healthy, hacking = [], []
                 for run in part.runs:
                     z = decline_z(part.scores[run.run_id], prompts, rho)
-                    (hacking.append((z, peak_index(run))) if run.label == 1 else healthy.append(z))
+                    if run.label == 1:
+                        hacking.append((z, peak_index(run)))
+                    else:
+                        healthy.append(z)
                 paths[n] = (healthy, hacking)
             cells = []
             for healthy, hacking in [([z for h, _ in paths.values() for z in h],

@@ -33,6 +33,7 @@ import pandas as pd
 
 from eval.corpus import hindsight_label
 from eval.traces import Run, peak_index, runs_from_trace, usefulness
+from scheduling.paired_ceiling import ceiling_table, label_agreement
 
 GATE_PROMPTS = 64
 EXTRA_BATCH = 32
@@ -259,7 +260,9 @@ def keep_section(doc: Path, text: str) -> str:
     return text.rstrip("\n") + "\n\n" + section
 
 
-def run_report(corpus: Path, parts: list[str], budget_frac: float = 0.25) -> tuple[dict, dict]:
+def run_report(data: dict[str, PartRuns], budget_frac: float = 0.25) -> tuple[dict, dict]:
+    """Per part of `data` (name -> the part, as `load_part` reads it) the four rows of the table, and the two rules'
+    parameters."""
     from eval.detectors import DEFAULT_DETECTOR, make_detector
 
     # the corpus's design, fixed before any run was recorded (DECLARATION.md): 100 steps, a gate every 5 steps,
@@ -267,12 +270,11 @@ def run_report(corpus: Path, parts: list[str], budget_frac: float = 0.25) -> tup
     paired = make_detector("paired", horizon=PLANNED_LOOKS, prompt_looks=1 + POOL_BATCHES)
     means = make_detector(DEFAULT_DETECTOR)
     results: dict[str, dict[str, dict]] = {}
-    for part in parts:
-        data = load_part(corpus / part)
-        results[part] = {"paired": summarize(verdict_rows(data, paired, budget_frac)),
-                         "paired, no extension": summarize(verdict_rows(data, paired, 0.0)),
-                         "paired, 128-prompt gate": summarize(verdict_rows(data, paired, 0.0, whole_pool=True)),
-                         DEFAULT_DETECTOR: summarize(verdict_rows(data, means, None))}
+    for name, part in data.items():
+        results[name] = {"paired": summarize(verdict_rows(part, paired, budget_frac)),
+                         "paired, no extension": summarize(verdict_rows(part, paired, 0.0)),
+                         "paired, 128-prompt gate": summarize(verdict_rows(part, paired, 0.0, whole_pool=True)),
+                         DEFAULT_DETECTOR: summarize(verdict_rows(part, means, None))}
     return results, {"paired": paired.params(), DEFAULT_DETECTOR: means.params()}
 
 
@@ -566,22 +568,20 @@ def report(corpus: Path, parts: list[str], budget_frac: float = 0.25, out: Path 
     Inputs are checked by the caller (`rlhfops paired-report`)."""
     from eval.detectors import DEFAULT_DETECTOR
 
-    results, params = run_report(corpus, parts, budget_frac)
+    data = {p: load_part(corpus / p) for p in parts}  # each part read once: the gate records are the bulk of the run
+    results, params = run_report(data, budget_frac)
     note = "\n\n".join(f"Acceptance on `{part}` (the issue's bars): "
                        + acceptance(r["paired"], r[DEFAULT_DETECTOR], budget_frac) for part, r in results.items())
-    from scheduling.paired_ceiling import ceiling_table, label_agreement
-
-    data = {p: load_part(corpus / p) for p in parts}
     note += "\n\n" + CEILING.format(table=ceiling_table(data), labels=label_agreement(data))
     if "report" in parts:
         note += "\n\n" + REPORT_READS
     if TUNE_PART in parts and "report" in parts:
-        both = {p: load_part(corpus / p) for p in (TUNE_PART, "report")}
+        both = {p: data[p] for p in (TUNE_PART, "report")}
         note += "\n\n" + RELATIVE_CHOICE.format(budget=f"{budget_frac:.0%}", table=relative_frontier(both, budget_frac))
     if "fresh" in parts:
         note += "\n\n" + FRESH_READ
     if TUNE_PART in parts:
-        tune = load_part(corpus / TUNE_PART)
+        tune = data[TUNE_PART]
         note += ("\n\n" + WHY_MISSED + "\n" + decline_table(tune) + "\n\nThe tune part's frontier (budget "
                  f"{budget_frac:.0%}; every row keeps the bound alpha):\n\n" + tune_frontier(tune, budget_frac))
     text = render(results, params, budget_frac, note)
