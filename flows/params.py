@@ -69,18 +69,19 @@ class RoundJob(BaseModel):
         return check_name(value, info.field_name)
 
 
-def platform_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
+def platform_job_config(steps: int, cache_dir: str, seed: int = 0) -> dict[str, Any]:
     """The canaries' small PPO job (training/canaries.py) with a gate and a checkpoint every 2 steps; one torch
     thread per job so concurrent jobs share the cores instead of oversubscribing them, and a fixed chunk size (the
     chunk tuner picks by wall time, which would make a job's numbers depend on the machine's load). The gate is
     sized for the paired rule to decide: 64 held-out prompts per checkpoint (scored with the run's fixed sampling
     seed), and for a close decision the pool's other 32 for both checkpoints, up to 128 extra prompt evaluations
     per run (`eval_extra_budget`); each job's paired rule spends its alpha over its own planned checkpoints
-    (`training.lifecycle.planned_gate`)."""
+    (`training.lifecycle.planned_gate`). `seed`: the config's seed (the warm start, the prompts and the training
+    all change with it)."""
     from training.canaries import base_config
 
     raw = base_config(steps, 0, cache_dir)
-    raw.update(name="platform-ppo", eval_every=2, checkpoint_every=2, eval_prompts=64, eval_extra_batch=32,
+    raw.update(name="platform-ppo", seed=seed, eval_every=2, checkpoint_every=2, eval_prompts=64, eval_extra_batch=32,
                eval_extra_budget=128)
     raw["task"]["n_heldout_prompts"] = 96
     raw["oppo"] = {"torch_threads": 1, "tune_chunk": False}
@@ -89,10 +90,10 @@ def platform_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
 
 def round_requests(jobs: list[Any], *, steps: int, slots: int, gpu_kind: str = "cpu", alerts: str | None = None,
                    alert_profile: str | None = None, out_dir: str = "results/platform",
-                   cache_dir: str = "runs/.cache", detector: Any = None) -> list[JobRequest]:
+                   cache_dir: str = "runs/.cache", detector: Any = None, seed: int = 0) -> list[JobRequest]:
     """A platform round's `jobs` as `JobRequest`s (each job's run directory `out_dir/<tenant>/<name>`, its gate
-    `detector`: the round scheduler's early-stop rule, `scheduler_gate`; None: no gate), checked before anything
-    starts. BadInput names `jobs[i].<field>`."""
+    `detector`: the round scheduler's early-stop rule, `scheduler_gate`; None: no gate; the shared config's `seed`),
+    checked before anything starts. BadInput names `jobs[i].<field>`."""
     if not isinstance(jobs, list) or not all(isinstance(j, dict | RoundJob) for j in jobs):
         raise BadInput("jobs: every entry must be an object {tenant, name, overrides, gpus, steps_factor}")
     out: list[JobRequest] = []
@@ -108,7 +109,7 @@ def round_requests(jobs: list[Any], *, steps: int, slots: int, gpu_kind: str = "
                            "(each job of a round needs its own run directory: rename one)")
         seen[job.tenant, job.name] = i
         job_steps = max(4, round(steps * float(job.steps_factor)))
-        out.append(parse_request({"config": platform_job_config(job_steps, cache_dir), "overrides": job.overrides,
+        out.append(parse_request({"config": platform_job_config(job_steps, cache_dir, seed), "overrides": job.overrides,
                                   "tenant": job.tenant, "name": job.name, "overlap": "full", "steps": job_steps,
                                   "gpus": job.gpus, "cluster_gpus": slots, "gpu_kind": gpu_kind, "detector": detector,
                                   "alerts": alerts, "alert_profile": alert_profile, "out_root": out_dir}, source))

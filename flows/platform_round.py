@@ -42,7 +42,7 @@ from scheduling.live import LiveRound
 from tasks.timing import clock
 from tasks.tracking import parent_run
 from tasks.training import PrefectJobHooks
-from training.lifecycle import JOB_DONE, ended_by, job_record, paused_run, reopen_paused, run_job
+from training.lifecycle import JOB_DONE, decided_by, ended_by, job_record, paused_run, reopen_paused, run_job
 from training.request import JobRequest, build
 
 
@@ -121,11 +121,11 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
                "best_eval": best["eval_score"] if best else float("nan"),
                "jct_s": outcome.slot_end - rc.round_start, "run_s": outcome.slot_end - started}
     # what ended the job: completed, stopped at a checkpoint (paused, resumable), or failed by a paging alert at a step
-    decision = ended_by(outcome)
+    decision, decider = ended_by(outcome), decided_by(outcome)
     with clock.span("tracking"):
         T.log_metrics(run_id, metrics)
         T.set_tags(run_id, {**(paused.tags() if paused is not None else {}),
-                            "run_state": status.label, "decision": decision,
+                            "run_state": status.label, "decision": decision, "decided_by": decider,
                             "alerts": json.dumps([e.alert for e in sup.events]),
                             "failure_class": status.failure.value if status.failure else "",
                             "best_checkpoint": best["checkpoint"] if best else "",
@@ -134,7 +134,7 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
                             if verdict.get("evidence") else ""})
         T.finish(run_id, "FAILED" if status.failure else "FINISHED")
     stopped_at = outcome.records[-1]["step"] if decision == "stopped" and outcome.records else None
-    return {"tenant": tenant, "job": request.name, "gpus": request.gpus, "decision": decision,
+    return {"tenant": tenant, "job": request.name, "gpus": request.gpus, "decision": decision, "decided_by": decider,
             "pause_evidence": json.dumps(verdict.get("evidence"), default=float) if verdict.get("evidence") else "",
             "state": status.label, "alerts": ",".join(e.alert for e in sup.events),
             "resumed_from_step": paused.best_step if paused is not None else None,
@@ -159,6 +159,7 @@ def platform_round(
     parent_run_id: str | None = None,
     slot_limit: str = "gpu-slots-platform",
     resume_paused: bool = False,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Run a live round: `jobs` ({tenant, name, overrides, gpus?, steps_factor?}; default: five tenants) are
     queued at once and placed on `slots` GPU worker slots by `scheduler` (any simulator name, e.g.
@@ -169,19 +170,23 @@ def platform_round(
     supervisor; a job the gate stops is paused (PAUSED_BY_GATE) with its best checkpoint kept and the evidence in its
     record; jobs.csv's `decision` says what ended each job (`completed`, `stopped`, `failed: kl_blowup at step 9`).
     `resume_paused`: run only the jobs of `jobs` that an earlier round in `out_dir` paused, each continued from its
-    kept checkpoint (the scheduler's detector watches the continuation afresh); the others are left as they are."""
+    kept checkpoint (the scheduler's detector watches the continuation afresh); the others are left as they are.
+    `seed`: the jobs' config seed (warm starts, prompts and training change with it)."""
     from infra.ledger import Ledger, load_prices
     from scheduling.jobview import JobView
-    from scheduling.policies import parse_scheduler
+    from scheduling.policies import parse_base
 
+    # the scheduler's base policy places the jobs; its stop rule is each job's gate, carried by the job's request with
+    # the platform's settings and run by the job's supervisor (no round-level detector is built)
+    gate = scheduler_gate(scheduler)
     try:
-        policy = parse_scheduler(scheduler)
+        base = parse_base(scheduler)
     except ValueError as err:
         raise BadInput(f"scheduler: {err}") from None
-    gate = scheduler_gate(scheduler)  # each job's request carries the rule, with the platform's settings
     check_out_dir(out_dir, "out_dir")
     requests = round_requests(jobs or DEFAULT_JOBS, steps=steps, slots=slots, gpu_kind=gpu_kind, alerts=alerts,
-                              alert_profile=alert_profile, out_dir=out_dir, cache_dir=cache_dir, detector=gate)
+                              alert_profile=alert_profile, out_dir=out_dir, cache_dir=cache_dir, detector=gate,
+                              seed=seed)
     checked = check_round(requests)
     paused = [paused_run(r.out_dir) if resume_paused else None for r in requests]
     if resume_paused:
@@ -195,7 +200,8 @@ def platform_round(
     prices = load_prices()
     with parent_run("platform", f"platform round ({scheduler})", mlflow_experiment, parent_run_id, tenant="platform",
                     params={"scheduler": scheduler, "detector": gate.label if gate is not None else "none",
-                            "slots": slots, "steps": steps, "jobs": len(requests), "resume_paused": resume_paused},
+                            "slots": slots, "steps": steps, "jobs": len(requests), "resume_paused": resume_paused,
+                            "seed": seed},
                     retry_delay_s=retry_delay_s) as run:
         tenants = list(dict.fromkeys(r.tenant for r in requests))
         views = [JobView(i, "rlhf", tenants.index(r.tenant), r.gpus, 0.0, float(c.steps))
@@ -204,7 +210,7 @@ def platform_round(
                           parent_run_id=run.run_id, ledger=Ledger(prices), slots=gpu_slots(slots, slot_limit),
                           retry_delay_s=retry_delay_s, round_start=time.time())
         # the base policy places the jobs; the early-stop rule is each job's gate, built from its request
-        live = LiveRound(policy.base, views, [r.gpus for r in requests], slots)
+        live = LiveRound(base, views, [r.gpus for r in requests], slots)
         warm_starts(cfgs)
         progress.reporter.stage(f"platform round: {len(requests)} jobs on {slots} slots ({scheduler})",
                                 total=len(requests))

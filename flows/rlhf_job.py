@@ -26,7 +26,7 @@ from tasks.retry import backoff
 from tasks.timing import clock
 from tasks.tracking import error_tags, parent_run
 from tasks.training import PrefectJobHooks, register_checkpoint
-from training.lifecycle import JOB_DONE, job_record, reopen_paused, run_job
+from training.lifecycle import JOB_DONE, decided_by, ended_by, job_record, reopen_paused, run_job
 from training.request import JobInternals, JobRequest, build, parse_internals, parse_request
 from training.rundir import locked_run_dir
 
@@ -149,8 +149,11 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
         # a paused run's state keeps the gate's verdict; what a tenant reads is its attribution (step, verdict, and
         # that resuming continues from the kept checkpoint)
         reason = sup.attribution.reason if status.state is RunState.PAUSED_BY_GATE else status.reason
+        # who ended the job and what it decided (docs/ARCHITECTURE.md "Who decided"): an alert that failed the run
+        # reads `alert` / `failed: <alert> at step N`, not the loop's `paused`
+        decider, decision = decided_by(outcome), ended_by(outcome)
         tags = {"run_state": status.label, "final_state": status.state.value, "failure_class": failure,
-                "reason": reason[:500], "decision": outcome.decision,
+                "reason": reason[:500], "decision": decision, "decided_by": decider,
                 "alerts": json.dumps([e.alert for e in sup.events]),
                 "slots_backend": slots.backend, "state_history": json.dumps(sup.machine.labels())[:5000]}
         if paused is not None:
@@ -166,7 +169,8 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
         (out / JOB_DONE).write_text(json.dumps({**job_record(outcome), "tenant": tenant, "name": name,
                                                 "detector": gate, "overlap": request.overlap,
                                                 "gpus": request.gpus}))
-    summary = {"job": job, "tenant": tenant, "run_id": run_id, "state": status.label, "decision": outcome.decision,
+    summary = {"job": job, "tenant": tenant, "run_id": run_id, "state": status.label, "decision": decision,
+               "decided_by": decider,
                "failure_class": failure, "reason": reason, "best": best, "registry": registry,
                "metrics": job_metrics, "out_dir": str(out), "history": sup.machine.labels(),
                "resumed_from": paused.__dict__ if paused is not None else None}
@@ -208,7 +212,7 @@ def job_artifact(summary: dict[str, Any], experiment: str) -> None:
              f"MLflow run: [{summary['run_id']}]({url}) (`mlflow ui --backend-store-uri "
              f"{T.tracking_uri()}` serves it)", "",
              "| | |", "|---|---|",
-             f"| decision | {summary['decision']} after {m['steps']} steps |",
+             f"| decision | {summary['decision']} (decided by {summary['decided_by']}) after {m['steps']} steps |",
              f"| reason | {summary['reason'] or '—'} |",
              f"| best checkpoint | step {best.get('step', '—')}, held-out {best.get('eval_score', math.nan):+.3f} "
              f"± {best.get('eval_se', math.nan):.3f} |",

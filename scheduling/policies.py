@@ -243,6 +243,17 @@ def parse_scheduler(spec: str) -> Policy:
     return EarlyStop(BASES[base_part](), detector, _DETECTOR_SCOPE.get(detector.name))
 
 
+def parse_base(spec: str) -> Policy:
+    """The base policy of a scheduler name (`Paired+SRTF` -> SRTF), without building its early-stop detector: for a
+    caller that builds the stop rule elsewhere (the live platform round: each job's request carries it). Raises
+    ValueError naming what is wrong."""
+    spec = spec.strip()
+    base_part = spec.split("+", 1)[1] if "+" in spec else spec
+    if base_part not in BASES:
+        raise ValueError(f"unknown base scheduler '{base_part}' in '{spec}' (bases: {', '.join(sorted(set(BASES)))})")
+    return BASES[base_part]()
+
+
 def _number(text: str) -> float | int:
     try:
         return int(text)

@@ -100,7 +100,7 @@ def run_trial(request, observer: Observer | None = None, *, checked: Any = None,
         checked = replace(checked if checked is not None else request.checked(), catalog=Catalog({}))
         spec, supervisor = build(request, checked, run_id=run_id, ledger=ledger, pausable=False,
                                  run_through_pause=True)
-        outcome = run_job(spec, observer, hooks=_TrialHooks(), supervisor=supervisor)
+        outcome = run_job(spec, observer, hooks=_TrialHooks(), supervisor=supervisor, observer_role="pruner")
     except Exception as err:  # noqa: BLE001 - a worker that cannot start ends the trial FAILED, recorded, not lost
         return TrialOutcome(state="failed", steps=0, gpu_seconds=0.0, wall_s=time.perf_counter() - t0,
                             error=f"{type(err).__name__}: {err}")

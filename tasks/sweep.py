@@ -21,6 +21,9 @@ from infra import tracking as T
 
 KIND = "sweep"
 STATE_TAG = "final_state"
+#: a trial's `decided_by` tag (training.lifecycle.DECIDERS) by its state: only the pruner stops a running trial (the
+#: budget stops the sweep from starting new ones; a trial's catalog is empty, so no alert ends one)
+TRIAL_DECIDED_BY = {"completed": "none", "pruned": "pruner", "failed": "error"}
 
 
 def sweep_key(spec) -> str:
@@ -89,7 +92,8 @@ class MlflowSweepTracker:
                             "gpu_seconds": result.gpu_seconds, "gpu_hours": result.gpu_seconds / 3600,
                             "cost_usd": float(totals.cost) if totals else math.nan,
                             "steps": result.steps, "wall_s": result.wall_s})
-        T.set_tags(rid, {STATE_TAG: result.state.upper(), "best_checkpoint": result.best_checkpoint or "",
+        T.set_tags(rid, {STATE_TAG: result.state.upper(), "decided_by": TRIAL_DECIDED_BY.get(result.state, "error"),
+                         "decision": result.state, "best_checkpoint": result.best_checkpoint or "",
                          "stop_reason": (result.stop_reason or "")[:500], "error": (result.error or "")[:500]})
         T.finish(rid, "FAILED" if result.state == "failed" else "FINISHED")
 

@@ -88,6 +88,8 @@ def run_canary(canary: Canary, steps: int, fault_at: int, cache_dir: str, catalo
     fired_at = math.nan
 
     class CanaryHooks(JobHooks):
+        stop_by = "alert"  # the canary stops once its expected alert fired
+
         def on_step(self, record: Any, supervisor: Any) -> str | None:
             nonlocal fired_at
             for ev in supervisor.events:

@@ -39,6 +39,13 @@ JOB_DONE = "job.json"
 #: reason (the job stops there) or None (it goes on)
 Observer = Callable[[int, Mapping[str, float]], "str | None"]
 
+#: who decided how a job ended (`decided_by`, docs/ARCHITECTURE.md "Who decided"): `gate` the job's eval-gate stop
+#: rule, whoever runs it (its supervisor, or the platform scheduler's early-stop wrapper as the observer); `alert`
+#: the run-health catalog (a paging alert failed the run, or a hook stopped it on one); `pruner` a sweep's pruner;
+#: `budget` and `user` a hook that stopped the job for a budget or at a person's request (`JobHooks.stop_by`);
+#: `error` nobody: the run failed (its failure class says why); `none` nobody: it ran to the end
+DECIDERS = ("gate", "alert", "pruner", "budget", "user", "error", "none")
+
 
 @dataclass(frozen=True)
 class PausedRun:
@@ -105,6 +112,8 @@ class TrainingResult:
     records: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
     stop_reason: str = ""
+    #: who gave `stop_reason` (DECIDERS): the observer's role or the hook's `stop_by`; "" when nobody stopped it
+    stopped_by: str = ""
 
 
 @dataclass
@@ -126,6 +135,7 @@ class JobOutcome:
     slot_end: float
     stop_reason: str = ""
     replayed: int = 0
+    stopped_by: str = ""
 
 
 class JobHooks:
@@ -133,6 +143,8 @@ class JobHooks:
 
     #: step records are handed to `log_records` in batches of this many
     flush_every = 25
+    #: who decided when `on_step` returns a stop reason (DECIDERS: `user`, `budget`, `alert`)
+    stop_by = "user"
 
     def hold_slots(self, spec: JobSpec) -> AbstractContextManager[float]:
         """Hold the job's GPU slots while it trains; yields the seconds waited."""
@@ -290,10 +302,11 @@ def gate_evidence(trainer: Any, rec: Any) -> dict[str, Any]:
 
 def supervise(trainer: Any, supervisor: Any, steps: int | None, hooks: JobHooks | None = None,
               observe: Observer | None = None, pausable: bool = False,
-              run_through_pause: bool = False) -> TrainingResult:
+              run_through_pause: bool = False, observer_role: str = "gate") -> TrainingResult:
     """The training loop: every step goes to the supervisor, then `hooks.on_step`, then (at checkpoints)
-    `observe`; a stop reason from either ends the job there (`stopped`; on a `pausable` job the run pauses at that
-    checkpoint), a supervisor pause ends it `paused`, an error `failed`. Step records go to `hooks.log_records`."""
+    `observe`; a stop reason from either ends the job there (`stopped`, by `hooks.stop_by` or `observer_role`; on a
+    `pausable` job the run pauses at that checkpoint), a supervisor pause ends it `paused`, an error `failed`. Step
+    records go to `hooks.log_records`."""
     from eval.states import RunState
 
     hooks = hooks or JobHooks()
@@ -315,12 +328,12 @@ def supervise(trainer: Any, supervisor: Any, steps: int | None, hooks: JobHooks 
         flat = rec.flat()
         records.append(flat)
         pending.append(flat)
-        reason = hooks.on_step(rec, supervisor)
+        reason, by = hooks.on_step(rec, supervisor), getattr(hooks, "stop_by", "user")
         paused = supervisor.machine.state is RunState.PAUSED_BY_GATE
         if not reason and observe is not None and not paused and math.isfinite(float(rec.gold_eval)):
-            reason = observe(int(rec.step), flat)
+            reason, by = observe(int(rec.step), flat), observer_role
         if reason:
-            result.decision, result.stop_reason = "stopped", str(reason)
+            result.decision, result.stop_reason, result.stopped_by = "stopped", str(reason), by
             if pausable:
                 supervisor.pause(int(rec.step), str(reason))
             break
@@ -339,7 +352,7 @@ def supervise(trainer: Any, supervisor: Any, steps: int | None, hooks: JobHooks 
 
 
 def run_job(spec: JobSpec, observe: Observer | None = None, *, hooks: JobHooks | None = None,
-            supervisor: Any = None) -> JobOutcome:
+            supervisor: Any = None, observer_role: str = "gate") -> JobOutcome:
     """Run one job through its whole lifecycle and return its outcome. THE SEAM for anything that runs a job and
     wants a say at its checkpoints (a sweep trial's pruner, the platform scheduler's early-stop wrapper):
 
@@ -347,7 +360,8 @@ def run_job(spec: JobSpec, observe: Observer | None = None, *, hooks: JobHooks |
 
     `observe(step, metrics) -> stop reason | None` is called at every checkpoint (a step whose eval gate ran;
     `metrics` is the step's `StepRecord.flat()`); a reason stops the job there (decision `stopped`, the reason in
-    `outcome.stop_reason`; a `pausable` job pauses at that checkpoint, resumable). The job's scores and best
+    `outcome.stop_reason`; a `pausable` job pauses at that checkpoint, resumable; `observer_role` says who the
+    observer is, `gate` or `pruner`, for `decided_by`). The job's scores and best
     checkpoint are in the outcome whichever way it ended. `hooks` carries the platform's side effects (default:
     none, in-process); `supervisor` a caller-built `RunSupervisor` (default `make_supervisor(spec)`: no ledger).
 
@@ -376,13 +390,28 @@ def run_job(spec: JobSpec, observe: Observer | None = None, *, hooks: JobHooks |
             result = TrainingResult("paused", stop_reason=sup.machine.status.reason)
         else:
             result = hooks.supervise(spec, lambda: supervise(trainer, sup, spec.steps, hooks, observe, spec.pausable,
-                                                          spec.run_through_pause))
+                                                          spec.run_through_pause, observer_role))
         slot_end = time.time()
     scores = hooks.score(spec, checkpoints(spec.out_dir)) if spec.out_dir else []
     status = sup.finish(completed=result.decision != "failed", exception=result.error, keep_paused=spec.pausable)
     return JobOutcome(spec, sup, status, result.decision, result.error, replayed + result.records, scores,
                       best_of(scores), result.wall_s, float(waited or 0.0), slot_start, slot_end, result.stop_reason,
-                      len(replayed))
+                      len(replayed), result.stopped_by)
+
+
+def decided_by(outcome: JobOutcome) -> str:
+    """Who decided how the job ended (one of DECIDERS): a FAILED run with a paging alert was failed by the health
+    catalog (`alert`), one without failed on its own (`error`); a stop at a checkpoint names who gave it (the
+    observer's role, or the hook's `stop_by`); a pause the supervisor made is its gate detector's (`gate`); a run
+    that went to the end was decided by nobody (`none`)."""
+    status = outcome.status
+    if status.state.value == "FAILED":
+        return "alert" if list(getattr(outcome.supervisor.machine, "pages", [])) else "error"
+    if outcome.decision == "stopped" and outcome.stopped_by:
+        return outcome.stopped_by
+    if outcome.decision == "paused" or status.state.value == "PAUSED_BY_GATE":
+        return "gate"
+    return "none"
 
 
 def ended_by(outcome: JobOutcome) -> str:
@@ -439,7 +468,8 @@ def job_record(outcome: JobOutcome) -> dict[str, Any]:
     """The `job.json` a job leaves in its run directory when it ends: its run and state; for a paused run also the
     step it paused at, the reason, and the kept checkpoint's step (what `paused_run` reads back)."""
     status = outcome.status
-    out: dict[str, Any] = {"run_id": outcome.supervisor.machine.run_id, "state": status.label}
+    out: dict[str, Any] = {"run_id": outcome.supervisor.machine.run_id, "state": status.label,
+                           "decided_by": decided_by(outcome), "decision": ended_by(outcome)}
     if status.state.value == "PAUSED_BY_GATE":
         out.update(paused_step=status.step, reason=status.reason,
                    best_step=outcome.best["step"] if outcome.best else None)

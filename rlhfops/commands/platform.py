@@ -28,6 +28,8 @@ def register(app: typer.Typer) -> None:
         cache_dir: str = typer.Option("runs/.cache", "--cache-dir", help="base-policy / reward-model cache"),
         resume_paused: bool = typer.Option(False, "--resume-paused", help="run only the jobs an earlier round in --out "
                                            "paused (PAUSED_BY_GATE), each from its kept checkpoint"),
+        seed: int = typer.Option(0, "--seed", help="the jobs' config seed: warm starts, prompts and training change "
+                                 "with it"),
         verbose: bool = typer.Option(False, "--verbose", help="show Prefect's own log lines"),
     ) -> None:
         """Run one live round: tenants' PPO jobs queued at once, placed on --slots worker slots by --scheduler
@@ -38,6 +40,8 @@ def register(app: typer.Typer) -> None:
             raise BadInput("--slots: must be >= 1")
         if steps < 4:
             raise BadInput("--steps: must be >= 4")
+        if not 0 <= seed <= 2**32 - 1:
+            raise BadInput(f"--seed: {seed} is out of range: give a value in 0..{2**32 - 1}")
         from common.validate import check_out_dir
         from scheduling.policies import parse_scheduler
 
@@ -61,7 +65,7 @@ def register(app: typer.Typer) -> None:
         from flows.params import DEFAULT_JOBS, check_round, round_requests, scheduler_gate
 
         check_round(round_requests(job_list or DEFAULT_JOBS, steps=steps, slots=slots, out_dir=str(out),
-                                   cache_dir=cache_dir, detector=scheduler_gate(scheduler)))
+                                   cache_dir=cache_dir, detector=scheduler_gate(scheduler), seed=seed))
         prefect_env(verbose)
         server = start_prefect_api()
         import transformers
@@ -75,15 +79,17 @@ def register(app: typer.Typer) -> None:
         console = make_console()
         uri = T.init_store()
         res = run_flow(console, platform_round, "platform round", server, jobs=job_list, scheduler=scheduler,
-                       slots=slots, steps=steps, out_dir=str(out), cache_dir=cache_dir, resume_paused=resume_paused)
+                       slots=slots, steps=steps, out_dir=str(out), cache_dir=cache_dir, resume_paused=resume_paused,
+                       seed=seed)
         df = res["jobs"].sort_values("start_order")
         table = Table(title=f"platform round: {scheduler}, {res['slots']}", title_justify="left")
-        for col in ("start", "tenant", "job", "decision", "state", "steps", "best step", "best held-out", "JCT (s)",
-                    "cost (USD)"):
+        for col in ("start", "tenant", "job", "decision", "decided by", "state", "steps", "best step", "best held-out",
+                    "JCT (s)", "cost (USD)"):
             table.add_column(col)
         for _, r in df.iterrows():
-            table.add_row(str(r.start_order + 1), r.tenant, r.job, r.decision, r.state, str(int(r.steps)),
-                          str(r.best_step), f"{r.best_eval:+.3f}", f"{r.jct_s:.1f}", f"{r.cost_usd:.6f}")
+            table.add_row(str(r.start_order + 1), r.tenant, r.job, r.decision, r.decided_by, r.state,
+                          str(int(r.steps)), str(r.best_step), f"{r.best_eval:+.3f}", f"{r.jct_s:.1f}",
+                          f"{r.cost_usd:.6f}")
         console.print(table)
         from scheduling.live import describe_evidence
 

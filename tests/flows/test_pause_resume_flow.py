@@ -34,7 +34,7 @@ def test_rlhf_job_paused_by_the_gate_resumes_from_its_kept_checkpoint(prefect_se
     assert first.is_completed(), first.message
     s1 = first.result()
     assert "paused at step 6" in s1["reason"] and "resume" in s1["reason"]
-    assert s1["state"].startswith("PAUSED_BY_GATE(") and s1["decision"] == "paused"
+    assert s1["state"].startswith("PAUSED_BY_GATE(") and s1["decision"] == "stopped" and s1["decided_by"] == "gate"
     assert s1["history"] == ["QUEUED", "PROVISIONING", "RUNNING", s1["state"]]
     done = json.loads((out / JOB_DONE).read_text())
     kept = done["best_step"]

@@ -49,20 +49,70 @@ def _run(spike, pausable=True, observe=None, steps=10):
 
 
 def test_a_job_a_paging_alert_failed_states_the_alert_and_its_step_not_paused():
-    from training.lifecycle import ended_by
+    from training.lifecycle import decided_by, ended_by
 
     out = _run(KL_SPIKE)
     assert [e.alert for e in out.supervisor.machine.pages] == ["kl_blowup"]  # the only alert that paged
     assert out.status.state.value == "FAILED"
     assert out.decision == "paused"  # the training loop's own word: what jobs.csv used to say
     assert ended_by(out) == "failed: kl_blowup at step 5"  # second step above the ceiling (persist 2)
+    assert decided_by(out) == "alert"
     assert len(out.records) == 6  # it ran on to its next checkpoint (step 6), where the pause took it
 
 
 def test_a_gate_stop_and_a_healthy_run_keep_their_words():
-    from training.lifecycle import ended_by
+    from training.lifecycle import decided_by, ended_by
 
     healthy = _run({})
     assert healthy.status.state.value == "SUCCEEDED" and ended_by(healthy) == "completed"
+    assert decided_by(healthy) == "none"
     stopped = _run({}, observe=lambda step, m: "declining" if step == 4 else None)
     assert stopped.status.state.value == "PAUSED_BY_GATE" and ended_by(stopped) == "stopped"
+    assert decided_by(stopped) == "gate"
+
+
+def test_decided_by_names_the_pruner_a_hooks_stopper_the_supervisors_gate_and_a_failure():
+    """Who stopped the job, by hand: an observer in the pruner's role (a sweep trial, not pausable), a hook that stops
+    at a person's request or for a budget, the supervisor's own gate detector, a worker that dies."""
+    from types import SimpleNamespace
+
+    from training.lifecycle import JobHooks, JobSpec, decided_by, job_record, make_supervisor, run_job
+
+    pruned = _run({}, pausable=False, observe=lambda step, m: "pruned" if step == 4 else None)
+    assert pruned.status.state.value == "SUCCEEDED" and pruned.decision == "stopped"
+    assert decided_by(pruned) == "gate"  # the observer's default role
+    def run(hooks_cls, observe=None, role="gate", detector=None, pausable=True):
+        spec = JobSpec(tenant="t", name="j", config=SimpleNamespace(steps=10), run_id="r", pausable=pausable,
+                       detector=detector)
+        return run_job(spec, observe, hooks=hooks_cls(), supervisor=make_supervisor(spec), observer_role=role)
+
+    class Plain(JobHooks):
+        def start_worker(self, spec):
+            return KLTrainer({})
+
+    assert decided_by(run(Plain, lambda s, m: "pruned" if s == 4 else None, role="pruner")) == "pruner"
+
+    class ByHand(Plain):
+        def on_step(self, record, supervisor):
+            return "cancelled by the tenant" if record.step == 3 else None
+
+    class OverBudget(ByHand):
+        stop_by = "budget"
+
+    by_hand = run(ByHand)
+    assert by_hand.decision == "stopped" and decided_by(by_hand) == "user"
+    assert job_record(by_hand)["decided_by"] == "user" and len(by_hand.records) == 3
+    assert decided_by(run(OverBudget)) == "budget"
+
+    class Dies(Plain):
+        def start_worker(self, spec):
+            class Dying(KLTrainer):
+                def run(self, total):
+                    yield from super().run(2)
+                    raise RuntimeError("worker died")
+            return Dying({})
+
+    died = run(Dies)
+    assert died.status.state.value == "FAILED" and decided_by(died) == "error"
+    assert job_record(died) | {"run_id": ""} == {"run_id": "", "state": died.status.label, "decided_by": "error",
+                                                "decision": "failed: platform_fault at step 2"}

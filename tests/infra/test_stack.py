@@ -102,7 +102,7 @@ NIGHTLY_ARGS = ["nightly", "--quick", "--experiments", "E1", "--seeds", "42", "-
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # measured at 11 min under heavy load; its own CLI timeouts add to 900 s
+@pytest.mark.timeout(2400)  # measured at 11 min under heavy load (+ the reduced bench); CLI timeouts add to 900 s
 def test_stack_nightly_on_ray_matches_the_embedded_default(warm_start_cache):
     """11 min here under a load of 12 on 2 cores. The stack up on loopback; `nightly --runner ray` on a local Ray
     head against it; the same nightly on the embedded defaults (temporary Prefect server, SQLite MLflow, threads);
@@ -171,6 +171,23 @@ def test_stack_nightly_on_ray_matches_the_embedded_default(warm_start_cache):
                                       pd.read_csv(work / "thread" / "scheduling" / "summary.csv"))
         # the registered checkpoint's artifacts went through the MLflow server into the stack's directory
         assert any(p.is_file() for p in (stack_dir / "artifacts").rglob("*"))
+
+        # `bench platform`, reduced (2 jobs of 2 steps, no nightly beside them) on the running stack: each job is a
+        # deployment run submitted as a typed request through a real process worker, so a change of the flow's
+        # signature fails here (it once crashed every run while the suite stayed green)
+        t0 = time.monotonic()
+        bench_json = work / "bench-platform.json"
+        bench = cli(["bench", "platform", "--dir", str(stack_dir), "--jobs", "2", "--steps", "2", "--no-nightly",
+                     "--timeout", "600", "--out", str(bench_json)], {**env, **exported}, work, timeout=900)
+        print(f"bench platform (2 jobs): {time.monotonic() - t0:.0f} s")
+        assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-3000:]
+        import json
+
+        figures = json.loads(bench_json.read_text())
+        assert figures["stack"]["own"] is False and figures["store"] == "postgresql"
+        assert figures["jobs_submitted"] == figures["jobs_completed"] == 2, figures["errors"]
+        assert figures["lost_runs"] == figures["duplicated_runs"] == [] and figures["runs_left_running"] == 0
+        assert figures["submit_to_start_p95_s"] is not None and not figures["failed"]
     finally:
         down = cli(["stack", "down", "--dir", str(stack_dir)], env, work, timeout=300)
     assert down.returncode == 0, down.stdout + down.stderr

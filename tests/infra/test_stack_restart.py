@@ -18,7 +18,7 @@ from stack_helpers import base_env, cli
 
 from common.errors import BadInput
 from infra import stack as S
-from rlhfops.commands.bench_platform import JOB_FINAL_METRICS, JOB_FINAL_TAGS, clear_end, job_run_gaps
+from infra.bench_platform import JOB_FINAL_METRICS, JOB_FINAL_TAGS, clear_end, job_run_gaps
 
 #: a stand-in for `prefect server start`: answers every GET with its own PID (so the test sees which process holds
 #: the port), on the port the stack's config names

@@ -697,3 +697,15 @@ def test_a_refreshed_key_never_revives_a_stale_one(coalesce):
     wl = hand_workload([POST_PEAK_J, one_cp(arrival=0.0, duration=60.0), one_cp(arrival=35.0, duration=30.0, gpus=2)])
     res = simulate(wl, EvalSched(), gpus=2, coalesce=coalesce)
     assert res.end.tolist() == [40.0, 60.0, 90.0] and res.preemptions.tolist() == [0, 0, 0]
+
+
+def test_parse_base_gives_the_base_without_building_the_stop_rule(monkeypatch):
+    """The live round's base policy: `Paired+SRTF` -> SRTF-Est, a bare base as it is; no detector is made (the jobs'
+    requests carry the rule); a wrong base is named."""
+    import scheduling.policies as P
+
+    monkeypatch.setattr(P, "make_detector", lambda *a, **k: (_ for _ in ()).throw(AssertionError("built")))
+    assert type(P.parse_base("Paired(margin=0.05)+SRTF-Est")) is SRTFEst
+    assert type(P.parse_base("EvalStop+FIFO")) is FIFO and type(P.parse_base("FIFO")) is FIFO
+    with pytest.raises(ValueError, match="unknown base scheduler 'LIFO'"):
+        P.parse_base("EvalStop+LIFO")

@@ -280,7 +280,7 @@ def test_a_paused_job_resumes_from_its_kept_checkpoint_replaying_its_steps_uncha
     assert [s["step"] for s in first.scores] == [2, 4, 6] and first.best["step"] == 2
     assert first.status.label == "PAUSED_BY_GATE(declining)"
     assert job_record(first) == {"run_id": "seg1", "state": "PAUSED_BY_GATE(declining)", "paused_step": 6,
-                                 "reason": "declining", "best_step": 2}
+                                 "reason": "declining", "best_step": 2, "decided_by": "gate", "decision": "stopped"}
     (out / JOB_DONE).write_text(json.dumps(job_record(first)))
 
     paused = paused_run(out)
@@ -298,7 +298,7 @@ def test_a_paused_job_resumes_from_its_kept_checkpoint_replaying_its_steps_uncha
     assert second.decision == "completed" and second.best["step"] == 10
     assert second.supervisor.machine.labels() == ["QUEUED", "PROVISIONING", "RUNNING", "PAUSED_BY_GATE(declining)",
                                                   "RUNNING", "SUCCEEDED"]
-    assert job_record(second) == {"run_id": "seg2", "state": "SUCCEEDED"}
+    assert job_record(second) == {"run_id": "seg2", "state": "SUCCEEDED", "decided_by": "none", "decision": "completed"}
     totals = ledger.run_totals()
     assert (totals["seg1"].steps, totals["seg2"].steps) == (6, 8)  # steps 1-2 charged once, by segment 1
     assert (totals["seg1"].tokens_generated, totals["seg2"].tokens_generated) == (60, 80)
@@ -471,7 +471,7 @@ def test_a_paused_run_without_a_scored_checkpoint_records_no_kept_step_and_is_no
     assert out.best is None and out.scores == []
     record = job_record(out)
     assert record == {"run_id": "r1", "state": "PAUSED_BY_GATE(declining)", "paused_step": 4, "reason": "declining",
-                      "best_step": None}
+                      "best_step": None, "decided_by": "gate", "decision": "stopped"}
     (tmp_path / JOB_DONE).write_text(json.dumps(record))
     assert paused_run(tmp_path) is None
 
