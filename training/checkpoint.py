@@ -43,6 +43,7 @@ class CheckpointIO:
             "frozen_actor": self.frozen_actor.state_dict() if self.frozen_actor is not None else None,
             "frozen_version": getattr(self, "frozen_version", None),
             "rng": {"prompt": self.prompt_rng.bit_generator.state, "sample": self.sample_gen.get_state(),
+                    "sample_device": self.sample_gen.device.type,
                     "shuffle": self.shuffle_gen.get_state(), "torch": torch.get_rng_state(),
                     "python": random.getstate(), "numpy": np.random.get_state()},
         }
@@ -62,6 +63,8 @@ class CheckpointIO:
         return path
 
     def load_checkpoint(self, path: Path) -> None:
+        # read onto the CPU whichever device wrote it; load_state_dict copies weights and AdamW state onto the job's
+        # device (no second copy of the whole state on a GPU)
         state = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
         self.step, self.wall_s, self.next_uid = state["step"], state["wall_s"], state["next_uid"]
         self.actor.load_state_dict(state["actor"])
@@ -79,7 +82,10 @@ class CheckpointIO:
             self.frozen_version = state["frozen_version"]
         rng = state["rng"]
         self.prompt_rng.bit_generator.state = rng["prompt"]
-        self.sample_gen.set_state(rng["sample"])
+        if rng.get("sample_device", "cpu") == self.sample_gen.device.type:
+            self.sample_gen.set_state(rng["sample"])
+        else:  # a CPU generator's state does not fit a CUDA one: reseeded by step (no longer an uninterrupted run's)
+            self.sample_gen.manual_seed(self.cfg.seed * 1000 + 1 + self.step)
         self.shuffle_gen.set_state(rng["shuffle"])
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])

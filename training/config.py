@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from common.errors import BadInput
 
@@ -186,6 +186,11 @@ class TrainConfig(Strict):
     oppo: OPPOConfig = Field(default_factory=OPPOConfig)
     fault: FaultConfig = Field(default_factory=FaultConfig)
     engine: Literal["transformers", "vllm"] = "transformers"
+    #: where every model, tensor, generator, cache and optimiser state lives (training/device.py; auto: CUDA when
+    #: present, the job's GPU slot picking the card) and the forward passes' precision (bfloat16: float32 master
+    #: weights and AdamW state, bfloat16 autocast, frozen reference and reward model in bfloat16)
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+    dtype: Literal["float32", "bfloat16"] = "float32"
     checkpoint_every: int = Field(25, ge=1)
     keep_checkpoints: int = Field(0, ge=0, description="0 keeps every checkpoint")
     eval_every: int = Field(10, ge=1, description="steps between gold evaluations on held-out prompts")
@@ -199,6 +204,13 @@ class TrainConfig(Strict):
     #: where base-policy and proxy-RM warm starts are cached (keyed by a hash of the config that made them)
     cache_dir: str = "runs/.cache"
 
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        from training.device import check_device_text
+
+        return check_device_text(value)
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

@@ -14,6 +14,7 @@ import yaml
 
 from common.errors import BadInput
 from training.config import TrainConfig
+from training.device import autocast, model_device, resolve_device
 from training.engine import TransformersEngine, left_pad
 from training.gate import PromptRecord, batch_seed, heldout_batches, proxy_scores, summary
 from training.metrics import NAN
@@ -55,7 +56,9 @@ class EvalGate:
         ev = self.score_batch(0)
         self.gate_records[self.step] = list(ev.records)
         if self.cfg.eval_extra_budget > 0:
-            self._gate_weights[self.step] = {k: v.detach().clone() for k, v in self.actor.state_dict().items()}
+            # kept on the CPU: a GPU holds one policy, not one per gate
+            self._gate_weights[self.step] = {k: v.detach().to("cpu", copy=True)
+                                             for k, v in self.actor.state_dict().items()}
         if getattr(self, "_gate_csv", None) is not None:
             self._gate_csv.write(self.cfg.name, self.step, ev.records)
         return ev
@@ -105,21 +108,26 @@ class EvalGate:
 @torch.no_grad()
 def generate(policy: torch.nn.Module, tok: Tokenizer, prompts: list[str], max_new_tokens: int,
              temperature: float = 1.0, seed: int = 0) -> list[list[int]]:
-    """Sample one response per prompt with the KV-cached engine (no overlap); returns token ids."""
+    """Sample one response per prompt with the KV-cached engine (no overlap), on the policy's device; returns token
+    ids."""
     engine = TransformersEngine(tok.eos_id, tok.pad_id, temperature)
     engine.sync(policy, 0)
+    device = model_device(policy)
     ids, attn = left_pad([tok.encode(format_prompt(p)) for p in prompts], tok.pad_id)
     n = len(prompts)
-    gen = torch.Generator().manual_seed(seed)
-    engine.begin(ids, attn, torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.long), max_new_tokens, gen)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    engine.begin(ids.to(device), attn.to(device), torch.zeros(n, dtype=torch.bool, device=device),
+                 torch.zeros(n, dtype=torch.long, device=device), max_new_tokens, gen)
     chunk = engine.decode(max_new_tokens, n)
     engine.release()
-    return [chunk.ids[i][chunk.mask[i].bool()].tolist() for i in range(n)]
+    ids, mask = chunk.ids.cpu(), chunk.mask.cpu()
+    return [ids[i][mask[i].bool()].tolist() for i in range(n)]
 
 
 def gold_eval(policy_or_checkpoint, prompts: list[str] | None = None, config: TrainConfig | None = None, *,
               tok: Tokenizer | None = None, seed: int | None = None, prompt_ids: list[int] | None = None,
-              reward_model: torch.nn.Module | None = None, proxy_bonus=None) -> GoldEval:
+              reward_model: torch.nn.Module | None = None, proxy_bonus=None,
+              device: torch.device | str | None = None) -> GoldEval:
     """Gold score (world feedback) of a policy on held-out prompts: mean, standard error, n, and one
     `PromptRecord` per prompt.
 
@@ -128,7 +136,9 @@ def gold_eval(policy_or_checkpoint, prompts: list[str] | None = None, config: Tr
     (`eval_prompts` of them), which training never sees; `prompt_ids` name them (default 0, 1, ...). `seed`: the
     sampling seed, default the run's fixed gate seed (`training.gate.batch_seed(config.seed, 0)`), so a checkpoint
     scored here reads what the trainer's gate read. `reward_model` (optional) gives each record its proxy score,
-    plus `proxy_bonus(text)` where training's reward adds one (NaN without a reward model).
+    plus `proxy_bonus(text)` where training's reward adds one (NaN without a reward model). A checkpoint is loaded
+    onto `device` (default: the config's, training/device.py); a live policy is scored where it is. Sampling runs at
+    the config's dtype (bfloat16 autocast), as the trainer's gate does.
     """
     if isinstance(policy_or_checkpoint, (str, Path)):
         ckpt = Path(policy_or_checkpoint)
@@ -138,7 +148,7 @@ def gold_eval(policy_or_checkpoint, prompts: list[str] | None = None, config: Tr
             config = TrainConfig.model_validate(yaml.safe_load((ckpt / "config.yaml").read_text()))
         tok = tok or make_tokenizer(config.policy.model_name_or_path)
         policy = build_causal_lm(config.policy.model_copy(update={"model_name_or_path": str(ckpt / "actor")}), tok,
-                                 _max_positions(config)).eval()
+                                 _max_positions(config)).to(device or resolve_device(config.device)).eval()
     else:
         policy = policy_or_checkpoint
         if config is None:
@@ -150,11 +160,14 @@ def gold_eval(policy_or_checkpoint, prompts: list[str] | None = None, config: Tr
     if len(ids) != len(prompts):
         raise ValueError(f"gold_eval: {len(prompts)} prompts but {len(ids)} prompt_ids")
     seed = batch_seed(config.seed, 0) if seed is None else int(seed)
-    responses = generate(policy, tok, prompts, config.ppo.max_new_tokens, config.ppo.temperature, seed=seed)
+    with autocast(model_device(policy), config.dtype):
+        responses = generate(policy, tok, prompts, config.ppo.max_new_tokens, config.ppo.temperature, seed=seed)
     texts = [tok.decode(r) for r in responses]
     golds = [gold_score(p, t, config.task) for p, t in zip(prompts, texts, strict=True)]
     if reward_model is not None:
-        proxies = proxy_scores(reward_model, [tok.encode(format_prompt(p)) for p in prompts], responses, tok.pad_id)
+        with autocast(model_device(reward_model), config.dtype):
+            proxies = proxy_scores(reward_model, [tok.encode(format_prompt(p)) for p in prompts], responses,
+                                   tok.pad_id)
         if proxy_bonus is not None:
             proxies = [v + proxy_bonus(t) for v, t in zip(proxies, texts, strict=True)]
     else:

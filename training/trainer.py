@@ -46,6 +46,7 @@ import torch
 from common.errors import BadInput
 from training.checkpoint import CheckpointIO, MetricsCSV, latest_checkpoint
 from training.config import TrainConfig
+from training.device import autocast, check_gpu_memory, out_of_memory, resolve_device, torch_dtype
 from training.engine import IncrementalScorer, TransformersEngine
 from training.evaluation import EvalGate, GoldEval, generate, gold_eval
 from training.gate import GATE_RECORDS, GateRecordsCSV, PromptRecord
@@ -83,7 +84,7 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
     training/update.py, training/checkpoint.py, training/evaluation.py."""
 
     def __init__(self, config: TrainConfig, overlap: str = "full", out_dir: str | Path | None = None,
-                 resume: bool = True, progress=None):
+                 resume: bool = True, progress=None, slot: int | None = None):
         self.cfg = cfg = config
         self.overlap = check_overlap(overlap)
         self.stream = overlap in ("intra", "full")
@@ -92,6 +93,10 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         self.progress = progress  # optional callable(str) for long setup work
         if cfg.engine == "vllm" and not cfg.policy.model_name_or_path:
             raise BadInput("engine: 'vllm' needs policy.model_name_or_path (a checkpoint vLLM can load)")
+        # the device first: a CUDA device that is not there, or too little GPU memory, is refused before any model
+        # is built (training/device.py); `slot`: the GPU slot the job holds, picking the card under `device: auto`
+        self.device = resolve_device(cfg.device, slot)
+        check_gpu_memory(cfg, self.device)
         torch.set_num_threads(cfg.oppo.torch_threads)
         self.grouped = cfg.ppo.advantage != "gae"
         self.group_size = cfg.ppo.group_size if self.grouped else 1
@@ -100,14 +105,16 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         self._say("building tokenizer, base policy and proxy reward model (cached after the first run)")
         self.tok: Tokenizer = make_tokenizer(cfg.policy.model_name_or_path)
         self.prompts = make_prompts(cfg.task, cfg.seed)
-        base = base_policy(cfg, self.tok)
-        self.ref = frozen_copy(base)
+        base = base_policy(cfg, self.tok, self.device)
+        # trainable models keep float32 weights (and AdamW state); the frozen ones are stored at the job's dtype
+        frozen_dtype = torch_dtype(cfg.dtype)
+        self.ref = frozen_copy(base).to(frozen_dtype)
         self.actor = base
         self.actor.train(False)
-        self.reward_model = frozen_copy(proxy_reward_model(cfg, self.tok))
+        self.reward_model = frozen_copy(proxy_reward_model(cfg, self.tok, self.device)).to(frozen_dtype)
         self.critic = None
         if not self.grouped:
-            self.critic = build_scorer(cfg.policy, self.tok, _max_positions(cfg))
+            self.critic = build_scorer(cfg.policy, self.tok, _max_positions(cfg)).to(self.device)
             body = {k: v for k, v in base.state_dict().items() if not k.startswith("lm_head")}
             self.critic.load_state_dict(body, strict=False)
             torch.nn.init.zeros_(self.critic.score.weight)
@@ -133,7 +140,9 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
                                          o.adaptive_delta and self.overcommit)
         self.tuner = ChunkTuner(o.chunk_size, o.chunk_candidates, o.tune_every, o.tune_chunk and self.stream)
         self.prompt_rng = np.random.default_rng([cfg.seed, 404])
-        self.sample_gen = torch.Generator().manual_seed(cfg.seed * 1000 + 1)
+        # sampling draws from the logits where they are; the minibatch shuffle stays on the CPU (the same order on
+        # every device)
+        self.sample_gen = torch.Generator(device=self.device).manual_seed(cfg.seed * 1000 + 1)
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed * 1000 + 2)
         self.buffer: list[Sequence] = []
         self.next_uid = 0
@@ -153,6 +162,10 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
             if ckpt is not None:
                 self._say(f"resuming from {ckpt}")
                 self.load_checkpoint(ckpt)
+
+    def autocast(self):
+        """The forward passes' precision (training/device.py): bfloat16 autocast on the job's device, or none."""
+        return autocast(self.device, self.cfg.dtype)
 
     def _say(self, msg: str) -> None:
         if self.progress:
@@ -206,7 +219,11 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         self._gate_csv = GateRecordsCSV(self.out_dir / GATE_RECORDS, self.step) if self.out_dir else None
         try:
             while self.step < total:
-                record = self.train_step()
+                try:
+                    record = self.train_step()
+                except torch.OutOfMemoryError as err:  # the job fails with this reason; its checkpoints stay
+                    ckpt = latest_checkpoint(self.out_dir) if self.out_dir else None
+                    raise out_of_memory(err, self.device, self.step + 1, ckpt) from err
                 if writer:
                     writer.write(record)
                 if self.out_dir and (self.step % self.cfg.checkpoint_every == 0 or self.step == total):
@@ -230,11 +247,12 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         # interleaved runs) each run with their own setting; decode and scorer thread get one core each
         torch.set_num_threads(1 if self.stream else cfg.oppo.torch_threads)
         try:
-            out = rollout(
-                self.engine, self.scorers, self.buffer, pad_id=self.tok.pad_id, units_needed=self.units_per_step,
-                max_new_tokens=cfg.ppo.max_new_tokens, chunk_size=chunk, stream=self.stream,
-                generator=self.sample_gen, grouped=self.grouped, scorer_threads=1,
-            )
+            with self.autocast():
+                out = rollout(
+                    self.engine, self.scorers, self.buffer, pad_id=self.tok.pad_id, units_needed=self.units_per_step,
+                    max_new_tokens=cfg.ppo.max_new_tokens, chunk_size=chunk, stream=self.stream,
+                    generator=self.sample_gen, grouped=self.grouped, scorer_threads=1, device=self.device,
+                )
         finally:
             torch.set_num_threads(cfg.oppo.torch_threads)
         phases["rollout"], phases["score"] = out.decode_s, out.score_s
@@ -278,7 +296,7 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         record.len_fresh_mean = float(np.mean(fresh)) if fresh else NAN
         if self.step % cfg.eval_every == 0:
             t = time.perf_counter()
-            ev = self.gate()
+            ev = self.gate()  # at the job's dtype (gold_eval's autocast)
             record.gold_eval, record.gold_eval_se = ev.mean, ev.se
             phases["eval"] = time.perf_counter() - t
         self.delta_ctl.update(record.reward_mean)

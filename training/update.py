@@ -3,7 +3,9 @@ recomputed when the engine was not the actor, rewards and advantages, then the c
 corrected) epochs over the actor and critic.
 
 `PPOUpdate` is a mixin of `training.trainer.Trainer`: it reads the trainer's `cfg`, `actor`, `critic`, optimisers,
-`tok`, `engine`, `shuffle_gen`, `step`, `grouped`, `group_size` and its `_score` and `_fault_active`.
+`tok`, `engine`, `shuffle_gen`, `step`, `grouped`, `group_size`, `device` and its `_score`, `_fault_active` and
+`autocast`. The samples' per-token tensors are assembled on the CPU; the micro-batches and the tensors the loss reads
+go to the models' device; forwards run under the job's autocast, log-softmax and losses in float32.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ class PPOUpdate:
         for micro in _micro_batches(list(range(len(samples))), samples):
             ids, attn, p_w, t_w = self._pack(micro, samples)
             pos = (attn.cumsum(1) - 1).clamp(min=0)
-            logits = self.actor(input_ids=ids, attention_mask=attn, position_ids=pos).logits
-            logits = logits[:, p_w - 1 : p_w - 1 + t_w] / self.cfg.ppo.temperature
-            lp = torch.log_softmax(logits, -1).gather(-1, ids[:, p_w:, None]).squeeze(-1)
+            with self.autocast():
+                logits = self.actor(input_ids=ids, attention_mask=attn, position_ids=pos).logits
+            logits = logits[:, p_w - 1 : p_w - 1 + t_w].float() / self.cfg.ppo.temperature
+            lp = torch.log_softmax(logits, -1).gather(-1, ids[:, p_w:, None]).squeeze(-1).cpu()
             for r, i in enumerate(micro):
                 L = len(samples[i].seq.response_ids)
                 out[i, :L] = lp[r, :L]
@@ -82,12 +85,17 @@ class PPOUpdate:
             for group in self.critic_opt.param_groups:
                 group["lr"] = cfg.critic_lr * lr_mult
 
+        # the per-token tensors the loss reads, on the models' device (the statistics below read the CPU ones)
+        dev = self.device
+        old_lp_d, prox_lp_d, behav_lp_d, adv_d, train_mask_d = (
+            t.to(dev) for t in (old_lp, prox_lp, behav_lp, adv, train_mask))
+        values_d, returns_d = values.to(dev), returns.to(dev)
         acc: dict[str, list[float]] = {k: [] for k in ("loss_policy", "loss_value", "clip_frac", "approx_kl",
                                                         "entropy", "grad_norm")}
         self.actor.train(True)
         mb_size = n // cfg.num_mini_batches
         for _ in range(cfg.num_ppo_epochs):
-            perm = torch.randperm(n, generator=self.shuffle_gen).tolist()
+            perm = torch.randperm(n, generator=self.shuffle_gen, device="cpu").tolist()
             for start in range(0, n, mb_size):
                 idx = perm[start : start + mb_size]
                 n_tok = float(train_mask[idx].sum().clamp(min=1))
@@ -97,17 +105,19 @@ class PPOUpdate:
                 sums = {"loss_policy": 0.0, "loss_value": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "entropy": 0.0}
                 for micro in _micro_batches(idx, samples):
                     ids, attn, p_w, t_w = self._pack(micro, samples)
-                    tmask = train_mask[micro, :t_w]
-                    w = float(tmask.sum()) / n_tok
+                    tmask = train_mask_d[micro, :t_w]
+                    w = float(train_mask[micro, :t_w].sum()) / n_tok
                     pos = (attn.cumsum(1) - 1).clamp(min=0)
-                    logits = self.actor(input_ids=ids, attention_mask=attn, position_ids=pos).logits
-                    logits = logits[:, p_w - 1 : p_w - 1 + t_w] / cfg.temperature
+                    with self.autocast():  # the forward only; the log-softmax and the loss in float32
+                        logits = self.actor(input_ids=ids, attention_mask=attn, position_ids=pos).logits
+                    logits = logits[:, p_w - 1 : p_w - 1 + t_w].float() / cfg.temperature
                     lp = torch.log_softmax(logits, -1).gather(-1, ids[:, p_w:, None]).squeeze(-1)
                     if correction == "none":
-                        pg_loss, st = P.policy_loss(lp, old_lp[micro, :t_w], adv[micro, :t_w], tmask, cfg.cliprange)
+                        pg_loss, st = P.policy_loss(lp, old_lp_d[micro, :t_w], adv_d[micro, :t_w], tmask,
+                                                    cfg.cliprange)
                     else:
-                        pg_loss, st = P.corrected_policy_loss(lp, prox_lp[micro, :t_w], behav_lp[micro, :t_w],
-                                                              adv[micro, :t_w], tmask, cfg.cliprange, is_cap,
+                        pg_loss, st = P.corrected_policy_loss(lp, prox_lp_d[micro, :t_w], behav_lp_d[micro, :t_w],
+                                                              adv_d[micro, :t_w], tmask, cfg.cliprange, is_cap,
                                                               correction)
                     ent = P.masked_mean(P.entropy_from_logits(logits.detach()), tmask)
                     loss = pg_loss
@@ -119,10 +129,11 @@ class PPOUpdate:
                     sums["approx_kl"] += float(st["approx_kl"]) * w
                     sums["entropy"] += float(ent) * w
                     if self.critic is not None:
-                        hidden = self.critic.base_model(input_ids=ids, attention_mask=attn,
-                                                        position_ids=pos).last_hidden_state
-                        vpred = self.critic.score(hidden[:, p_w - 1 : p_w - 1 + t_w]).squeeze(-1)
-                        vf = P.value_loss(vpred, values[micro, :t_w], returns[micro, :t_w], tmask,
+                        with self.autocast():
+                            hidden = self.critic.base_model(input_ids=ids, attention_mask=attn,
+                                                            position_ids=pos).last_hidden_state
+                            vpred = self.critic.score(hidden[:, p_w - 1 : p_w - 1 + t_w]).squeeze(-1)
+                        vf = P.value_loss(vpred.float(), values_d[micro, :t_w], returns_d[micro, :t_w], tmask,
                                           cfg.cliprange_value)
                         (cfg.vf_coef * vf * w).backward()
                         sums["loss_value"] += float(vf.detach()) * w
@@ -168,7 +179,7 @@ class PPOUpdate:
         attn = torch.zeros_like(ids)
         for r, s in enumerate(seqs):
             attn[r, p_w - len(s.prompt_ids) : p_w + len(s.response_ids)] = 1
-        return ids, attn, p_w, t_w
+        return ids.to(self.device), attn.to(self.device), p_w, t_w
 
 
 def _micro_batches(idx: list[int], samples: list[Sample], token_budget: int = 8192) -> list[list[int]]:
