@@ -10,12 +10,24 @@ why. OPPO defaults follow the OPPO paper (Algorithm 1, Eq. 4).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from common.errors import BadInput
+
+#: the config's `device` values (training/device.py makes them a torch device)
+DEVICE_PATTERN = r"^(auto|cpu|cuda|cuda:\d{1,3})$"
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
+
+
+def check_device_text(value: Any, field: str = "device") -> str:
+    """`value` is one of auto, cpu, cuda, cuda:N; ValueError naming the choices otherwise (no torch)."""
+    if not isinstance(value, str) or not re.fullmatch(DEVICE_PATTERN, value):
+        raise ValueError(f"{value!r} is not a device: use one of {DEVICE_CHOICES}")
+    return value
 
 
 class Strict(BaseModel):
@@ -208,8 +220,6 @@ class TrainConfig(Strict):
     @field_validator("device")
     @classmethod
     def _device(cls, value: str) -> str:
-        from training.device import check_device_text
-
         return check_device_text(value)
 
     @model_validator(mode="after")

@@ -10,35 +10,27 @@
   logits and heads with `.float()`, the update does the same), so the PPO ratio exp(lp - old_lp) is not a ratio of
   two rounded numbers.
 
-The value checks (`check_device_text`, `DTYPES`) need no torch, so a bad config is refused before torch is
-imported; `resolve_device` imports it and refuses a CUDA device that is not there (BadInput naming the field).
+The value checks (`training.config.check_device_text`, `DTYPES`) need no torch, so a bad config is refused before
+torch is imported; `resolve_device` imports it and refuses a CUDA device that is not there (BadInput naming the
+field), where it can without torch (`cuda_absent_reason`).
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.errors import BadInput
+from training.config import check_device_text
 
 if TYPE_CHECKING:
     import torch
 
-DEVICE_PATTERN = r"^(auto|cpu|cuda|cuda:\d{1,3})$"
-DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
 DTYPES = ("float32", "bfloat16")
 #: bytes per element of the caches and activations by dtype
 ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
-
-
-def check_device_text(value: Any, field: str = "device") -> str:
-    """`value` is one of auto, cpu, cuda, cuda:N; ValueError naming the choices otherwise (no torch)."""
-    if not isinstance(value, str) or not re.fullmatch(DEVICE_PATTERN, value):
-        raise ValueError(f"{value!r} is not a device: use one of {DEVICE_CHOICES}")
-    return value
 
 
 def cuda_absent_reason() -> str | None:

@@ -255,7 +255,7 @@ class JobRequest(BaseModel):
     @field_validator("device")
     @classmethod
     def _device(cls, value: str | None) -> str | None:
-        from training.device import check_device_text
+        from training.config import check_device_text
 
         return value if value is None else check_device_text(value)
 
