@@ -105,6 +105,10 @@ class EvalGate:
         return out, time.perf_counter() - t
 
 
+def _scoring_device(trained_on: str) -> torch.device:
+    return resolve_device("cpu" if trained_on == "cpu" else "auto")
+
+
 @torch.no_grad()
 def generate(policy: torch.nn.Module, tok: Tokenizer, prompts: list[str], max_new_tokens: int,
              temperature: float = 1.0, seed: int = 0) -> list[list[int]]:
@@ -137,7 +141,8 @@ def gold_eval(policy_or_checkpoint, prompts: list[str] | None = None, config: Tr
     sampling seed, default the run's fixed gate seed (`training.gate.batch_seed(config.seed, 0)`), so a checkpoint
     scored here reads what the trainer's gate read. `reward_model` (optional) gives each record its proxy score,
     plus `proxy_bonus(text)` where training's reward adds one (NaN without a reward model). A checkpoint is loaded
-    onto `device` (default: the config's, training/device.py); a live policy is scored where it is. Sampling runs at
+    onto `device` (default: the CPU when its config says cpu, else CUDA when present: the machine scoring it need not
+    have the GPU that trained it); a live policy is scored where it is. Sampling runs at
     the config's dtype (bfloat16 autocast), as the trainer's gate does.
     """
     if isinstance(policy_or_checkpoint, (str, Path)):
@@ -148,7 +153,7 @@ def gold_eval(policy_or_checkpoint, prompts: list[str] | None = None, config: Tr
             config = TrainConfig.model_validate(yaml.safe_load((ckpt / "config.yaml").read_text()))
         tok = tok or make_tokenizer(config.policy.model_name_or_path)
         policy = build_causal_lm(config.policy.model_copy(update={"model_name_or_path": str(ckpt / "actor")}), tok,
-                                 _max_positions(config)).to(device or resolve_device(config.device)).eval()
+                                 _max_positions(config)).to(device or _scoring_device(config.device)).eval()
     else:
         policy = policy_or_checkpoint
         if config is None:

@@ -7,8 +7,11 @@ Entry points (stable):
   `out_dir/checkpoints/step-NNNNNN/` every `checkpoint_every` steps (and at the end), and
   `out_dir/summary.json`; with `resume=True` it continues from the newest checkpoint there, and the
   resumed run's metrics are identical to an uninterrupted run's (timing fields aside).
-- `Trainer(config, overlap, out_dir)` is the same thing as an object: `.run(steps)` yields records;
-  `.checkpoints` lists the saved checkpoint paths; `.deferral_counts` holds the deferral histogram.
+- `Trainer(config, overlap, out_dir, resume=True, progress=None, slot=None)` is the same thing as an object:
+  `.run(steps)` yields records; `.checkpoints` lists the saved checkpoint paths; `.deferral_counts` holds the
+  deferral histogram; `.device` is where its models live (the config's `device`; `slot`, the GPU slot the job holds,
+  picks the card under `auto`: training/device.py). A `torch.OutOfMemoryError` in a step is raised as
+  `training.device.DeviceOutOfMemory`, naming the step and the checkpoint kept.
 - `gold_eval(checkpoint_path_or_policy, prompts=None, config=None) -> GoldEval` scores a saved
   checkpoint (or a live policy) with the gold scorer on held-out prompts. Use it as an eval gate.
 - `latest_checkpoint(out_dir)` finds the newest checkpoint of a run.

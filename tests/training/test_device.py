@@ -234,3 +234,27 @@ def test_a_cuda_out_of_memory_ends_the_job_failed_with_its_checkpoint_kept_and_i
     assert [p.name for p in sorted((out / "checkpoints").glob("step-*"))] == ["step-000002"]
     assert [r["step"] for r in outcome.records] == [1, 2]
     assert slot.acquire(timeout=0)  # released
+
+
+# ------------------------------------------------------------------------------------------ across devices
+def test_a_checkpoint_from_another_device_scores_and_resumes_here(cache, tmp_path):
+    """A checkpoint whose config says `device: cuda` and whose sampling generator is a CUDA one (as a GPU job writes
+    it) is scored on this CPU machine (the same figures as scoring it on the CPU by name) and resumes here."""
+    from training.config import load_config
+    from training.trainer import Trainer, gold_eval, latest_checkpoint
+
+    cfg = load_config(_yaml_copy(tmp_path, cache, device="cpu"))
+    list(Trainer(cfg, "none", tmp_path / "run").run(2))
+    ckpt = latest_checkpoint(tmp_path / "run")
+    on_cpu = gold_eval(ckpt, device="cpu")
+    raw = yaml.safe_load((ckpt / "config.yaml").read_text())
+    (ckpt / "config.yaml").write_text(yaml.safe_dump({**raw, "device": "cuda"}))
+    state = torch.load(ckpt / "state.pt", weights_only=False)
+    state["rng"]["sample_device"] = "cuda"
+    torch.save(state, ckpt / "state.pt")
+    moved = gold_eval(ckpt)
+    assert [r.gold_score for r in moved.records] == [r.gold_score for r in on_cpu.records]
+    resumed = Trainer(cfg, "none", tmp_path / "run")
+    assert resumed.step == 2 and str(resumed.device) == "cpu"
+    (rec,) = list(resumed.run(3))
+    assert rec.step == 3 and math.isfinite(rec.reward_mean)
