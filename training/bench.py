@@ -407,8 +407,9 @@ def proxy_eval(tr: Trainer, seed: int) -> tuple[float, float]:
     responses = generate(tr.actor, tr.tok, prompts, cfg.ppo.max_new_tokens, cfg.ppo.temperature, seed=seed)
     seqs = [tr.tok.encode(format_prompt(p)) + r for p, r in zip(prompts, responses, strict=True)]
     ids, attn = left_pad(seqs, tr.tok.pad_id)
-    with torch.no_grad():
-        scores = IncrementalScorer(tr.reward_model, "reward").begin(ids, attn)[:, -1].numpy()
+    with torch.no_grad(), tr.autocast():
+        scores = IncrementalScorer(tr.reward_model, "reward").begin(ids.to(tr.device), attn.to(tr.device))[:, -1]
+    scores = scores.float().cpu().numpy()
     return float(scores.mean()), float(scores.std(ddof=1) / math.sqrt(len(scores)))
 
 

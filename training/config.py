@@ -10,12 +10,24 @@ why. OPPO defaults follow the OPPO paper (Algorithm 1, Eq. 4).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from common.errors import BadInput
+
+#: the config's `device` values (training/device.py makes them a torch device)
+DEVICE_PATTERN = r"^(auto|cpu|cuda|cuda:\d{1,3})$"
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
+
+
+def check_device_text(value: Any, field: str = "device") -> str:
+    """`value` is one of auto, cpu, cuda, cuda:N; ValueError naming the choices otherwise (no torch)."""
+    if not isinstance(value, str) or not re.fullmatch(DEVICE_PATTERN, value):
+        raise ValueError(f"{value!r} is not a device: use one of {DEVICE_CHOICES}")
+    return value
 
 
 class Strict(BaseModel):
@@ -186,6 +198,11 @@ class TrainConfig(Strict):
     oppo: OPPOConfig = Field(default_factory=OPPOConfig)
     fault: FaultConfig = Field(default_factory=FaultConfig)
     engine: Literal["transformers", "vllm"] = "transformers"
+    #: where every model, tensor, generator, cache and optimiser state lives (training/device.py; auto: CUDA when
+    #: present, the job's GPU slot picking the card) and the forward passes' precision (bfloat16: float32 master
+    #: weights and AdamW state, bfloat16 autocast, frozen reference and reward model in bfloat16)
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+    dtype: Literal["float32", "bfloat16"] = "float32"
     checkpoint_every: int = Field(25, ge=1)
     keep_checkpoints: int = Field(0, ge=0, description="0 keeps every checkpoint")
     eval_every: int = Field(10, ge=1, description="steps between gold evaluations on held-out prompts")
@@ -199,6 +216,11 @@ class TrainConfig(Strict):
     #: where base-policy and proxy-RM warm starts are cached (keyed by a hash of the config that made them)
     cache_dir: str = "runs/.cache"
 
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        return check_device_text(value)
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

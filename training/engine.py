@@ -76,14 +76,14 @@ class IncrementalScorer:
             target = ids[:, ids.shape[1] - prev.shape[1] :]
             prev = torch.log_softmax(prev, -1).gather(-1, target[..., None]).squeeze(-1)
         if prev.shape[1] < ids.shape[1]:  # column 0 of a fresh batch has no predecessor
-            prev = torch.cat([torch.zeros(ids.shape[0], 1), prev], 1)
+            prev = torch.cat([torch.zeros(ids.shape[0], 1, device=prev.device), prev], 1)
         return prev
 
     def begin(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Prefill a fresh batch; returns per-column outputs (column 0 of a logprob/value scorer is 0)."""
         self.cache, self.last = DynamicCache(), None
         self.attn = attn
-        self.count = torch.zeros(ids.shape[0], dtype=torch.long)
+        self.count = torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device)
         pos = _positions(self.count, attn)
         self.count = self.count + attn.sum(1)
         return self._emit(ids, self._forward(ids, pos))
@@ -156,7 +156,8 @@ class TransformersEngine:
     def decode(self, max_tokens: int, stop_when_done: int, groups: torch.Tensor | None = None) -> Chunk:
         toks, masks, lps = [], [], []
         n = self.done.shape[0]
-        finish_col = torch.full((n,), -1, dtype=torch.long)
+        device = self.done.device
+        finish_col = torch.full((n,), -1, dtype=torch.long, device=device)
         for c in range(max_tokens):
             if _units_done(self.done, groups) >= stop_when_done or bool(self.done.all()):
                 break
@@ -172,7 +173,7 @@ class TransformersEngine:
             sampled = torch.multinomial(logp_all.exp(), 1, generator=self.gen).squeeze(-1)
             active = ~self.done
             tok = torch.where(active, sampled, torch.full_like(sampled, self.pad_id))
-            lp = torch.where(active, logp_all.gather(-1, sampled[:, None]).squeeze(-1), torch.zeros(n))
+            lp = torch.where(active, logp_all.gather(-1, sampled[:, None]).squeeze(-1), torch.zeros(n, device=device))
             self.n_resp = self.n_resp + active.long()
             newly = active & ((tok == self.eos_id) | (self.n_resp >= self.max_new))
             finish_col[newly] = c
@@ -182,8 +183,8 @@ class TransformersEngine:
             lps.append(lp)
             self.pending, self.pending_mask = tok, active.long()
         if not toks:
-            empty = torch.zeros((n, 0), dtype=torch.long)
-            return Chunk(empty, empty, torch.zeros((n, 0)), finish_col)
+            empty = torch.zeros((n, 0), dtype=torch.long, device=device)
+            return Chunk(empty, empty, torch.zeros((n, 0), device=device), finish_col)
         return Chunk(torch.stack(toks, 1), torch.stack(masks, 1), torch.stack(lps, 1), finish_col)
 
     def release(self) -> None:
@@ -195,7 +196,8 @@ def _units_done(done: torch.Tensor, groups: torch.Tensor | None) -> int:
     if groups is None:
         return int(done.sum())
     n_groups = int(groups.max()) + 1
-    not_done = torch.zeros(n_groups, dtype=torch.long).index_add_(0, groups, (~done).long())
+    not_done = torch.zeros(n_groups, dtype=torch.long, device=done.device).index_add_(0, groups.to(done.device),
+                                                                                      (~done).long())
     return int((not_done == 0).sum())
 
 

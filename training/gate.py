@@ -69,8 +69,9 @@ def proxy_scores(reward_model: torch.nn.Module, prompt_ids: list[list[int]], res
 
     seqs = [p + r for p, r in zip(prompt_ids, responses, strict=True)]
     ids, attn = left_pad(seqs, pad_id)
+    device = next(reward_model.parameters()).device
     scorer = IncrementalScorer(reward_model, "reward")
-    out = scorer.begin(ids, attn)
+    out = scorer.begin(ids.to(device), attn.to(device)).cpu()
     scorer.release()
     return [float(v) for v in out[:, -1]]
 

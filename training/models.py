@@ -161,6 +161,7 @@ def sft_base_policy(cfg: TrainConfig, tok: Tokenizer, model: PreTrainedModel) ->
     opt = torch.optim.AdamW(model.parameters(), lr=task.sft_lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / task.sft_steps))
     model.train()
+    device = _device_of(model)
     cap = cfg.ppo.max_new_tokens
     batches: list[list[tuple[list[int], int]]] = []
     for _ in range(task.sft_steps):
@@ -176,7 +177,7 @@ def sft_base_policy(cfg: TrainConfig, tok: Tokenizer, model: PreTrainedModel) ->
             rng.shuffle(batches)
         batch = batches.pop()
         seqs, starts = [b[0] for b in batch], [b[1] for b in batch]
-        ids, mask = _pad_right(seqs, tok.pad_id)
+        ids, mask = (t.to(device) for t in _pad_right(seqs, tok.pad_id))
         labels = ids.clone()
         labels[mask == 0] = -100
         for i, s in enumerate(starts):
@@ -206,17 +207,19 @@ def train_proxy_rm_torch(cfg: TrainConfig, tok: Tokenizer, model: PreTrainedMode
     """Bradley-Terry loss -log sigmoid(r_chosen - r_rejected), the loss RewardTrainer minimises."""
     task = cfg.task
     chosen, rejected = _pair_tensors(cfg, tok)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)  # the bucket order: on the CPU, the same on every device
     opt = torch.optim.AdamW(model.parameters(), lr=task.rm_lr)
     model.train()
+    device = _device_of(model)
     n = len(chosen)
     # length-bucketed batches (sorted by the longer of the pair), visited in random order
     by_len = sorted(range(n), key=lambda i: max(len(chosen[i]), len(rejected[i])))
     buckets = [by_len[k : k + task.rm_batch_size] for k in range(0, n, task.rm_batch_size)]
     for _ in range(task.rm_epochs):
-        for b in torch.randperm(len(buckets), generator=gen).tolist():
+        for b in torch.randperm(len(buckets), generator=gen, device="cpu").tolist():
             idx = buckets[b]
-            ids, mask = _pad_right([chosen[i] for i in idx] + [rejected[i] for i in idx], tok.pad_id)
+            ids, mask = (t.to(device) for t in _pad_right([chosen[i] for i in idx] + [rejected[i] for i in idx],
+                                                          tok.pad_id))
             r = model(input_ids=ids, attention_mask=mask).logits.squeeze(-1)
             loss = -F.logsigmoid(r[: len(idx)] - r[len(idx) :]).mean()
             opt.zero_grad(set_to_none=True)
@@ -246,9 +249,20 @@ def train_proxy_rm_trl(cfg: TrainConfig, tok: Tokenizer, model: PreTrainedModel)
     model.eval()
 
 
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _device_key(device: torch.device | str | None) -> list:
+    """The warm start's cache-key part for its device: none on the CPU (the keys CPU runs always had), the device
+    type elsewhere (a GPU's float32 arithmetic gives other weights than the CPU's)."""
+    device = torch.device(device or "cpu")
+    return [] if device.type == "cpu" else [device.type]
+
+
 def _cached(path: Path, model: torch.nn.Module, build) -> None:
     if path.is_file():
-        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        model.load_state_dict(torch.load(path, map_location=_device_of(model), weights_only=True))
         return
     build()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -257,29 +271,33 @@ def _cached(path: Path, model: torch.nn.Module, build) -> None:
     os.replace(tmp, path)
 
 
-def base_policy(cfg: TrainConfig, tok: Tokenizer) -> PreTrainedModel:
-    """The base policy (= reference): a checkpoint, or the tiny model fitted to the corpus (cached)."""
+def base_policy(cfg: TrainConfig, tok: Tokenizer, device: torch.device | str | None = None) -> PreTrainedModel:
+    """The base policy (= reference): a checkpoint, or the tiny model fitted to the corpus (cached), on `device`
+    (default the CPU). Initialised on the CPU (the same weights on every device), fitted where it lives, in float32
+    whatever the job's dtype (a float32 and a bfloat16 job start from the same base policy)."""
     torch.manual_seed(cfg.seed)
-    model = build_causal_lm(cfg.policy, tok, _max_positions(cfg))
+    model = build_causal_lm(cfg.policy, tok, _max_positions(cfg)).to(device or "cpu")
     if cfg.policy.model_name_or_path or cfg.task.sft_steps == 0:
         return model.eval()
     key = _hash(cfg.policy, cfg.task.model_dump(include={"n_train_prompts", "n_heldout_prompts", "long_prompt_frac",
                 "short_mean_len", "long_mean_len", "vowel_beta", "sft_steps", "sft_lr", "sft_batch_size"}),
-                cfg.seed, cfg.ppo.max_new_tokens)
+                cfg.seed, cfg.ppo.max_new_tokens, *_device_key(device))
     _cached(Path(cfg.cache_dir) / f"base-{key}.pt", model, lambda: sft_base_policy(cfg, tok, model))
     return model.eval()
 
 
-def proxy_reward_model(cfg: TrainConfig, tok: Tokenizer) -> PreTrainedModel:
-    """The proxy reward model: a checkpoint (`task.reward_model_path`), or one fitted to noisy gold pairs."""
+def proxy_reward_model(cfg: TrainConfig, tok: Tokenizer, device: torch.device | str | None = None) -> PreTrainedModel:
+    """The proxy reward model: a checkpoint (`task.reward_model_path`), or one fitted to noisy gold pairs; on `device`
+    (default the CPU), as `base_policy`."""
     torch.manual_seed(cfg.seed + 1)
+    device = device or "cpu"
     if cfg.task.reward_model_path:
-        return build_scorer(cfg.reward, tok, _max_positions(cfg), path=cfg.task.reward_model_path).eval()
-    model = build_scorer(cfg.reward, tok, _max_positions(cfg))
-    key = _hash(cfg.reward, cfg.task, cfg.seed, cfg.ppo.max_new_tokens)
+        return build_scorer(cfg.reward, tok, _max_positions(cfg), path=cfg.task.reward_model_path).to(device).eval()
+    model = build_scorer(cfg.reward, tok, _max_positions(cfg)).to(device)
+    key = _hash(cfg.reward, cfg.task, cfg.seed, cfg.ppo.max_new_tokens, *_device_key(device))
     train = train_proxy_rm_trl if cfg.task.rm_trainer == "trl" else train_proxy_rm_torch
     _cached(Path(cfg.cache_dir) / f"rm-{key}.pt", model, lambda: train(cfg, tok, model))
-    return model.eval()
+    return model.to(device).eval()  # TRL's trainer (use_cpu) may have moved it
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:

@@ -27,7 +27,7 @@ ACTIVITIES = (
      re.compile(r"^(Queue\.get|Thread\.join|Condition\.wait|Thread\._wait_for_tstate_lock) \((queue|threading)\.py")),
     ("scoring (ref, critic, reward prefill)", re.compile(r"^IncrementalScorer\.(begin|extend|_forward|_emit) ")),
     ("decoding (actor)", re.compile(r"^(TransformersEngine|VLLMEngine)\.(begin|decode) ")),
-    ("PPO update", re.compile(r"^Trainer\._ppo_update ")),
+    ("PPO update", re.compile(r"^(Trainer|PPOUpdate)\._ppo_update ")),  # py-spy names the class by self or qualname
     ("rollout bookkeeping", re.compile(r"^rollout \(")),
 )
 

@@ -208,6 +208,12 @@ class JobRequest(BaseModel):
     gpus: int = Field(1, ge=1, le=4096, description="GPU worker slots the job holds while it trains")
     cluster_gpus: int = Field(4, ge=1, le=4096, description="size of the GPU slot pool (the Prefect global "
                               "concurrency limit gpu-slots)")
+    device: str | None = Field(None, max_length=16, description="where the job's models "
+                               "and tensors live: auto (CUDA when present; the job's GPU slot picks the card), cpu, "
+                               "cuda or cuda:N (empty: the config's device)")
+    dtype: Literal["float32", "bfloat16"] | None = Field(None, description="the forward passes' precision: float32, "
+                                                         "or bfloat16 with float32 master weights (empty: the "
+                                                         "config's dtype)")
     gpu_kind: str = Field("cpu", min_length=1, max_length=64, description="priced GPU kind for the tenant's ledger "
                           "(a key of gpu_hour in the price table)")
     # a rule's name (the form's drop-down) or {name, params}; always a `DetectorSpec` (or None) once validated
@@ -245,6 +251,13 @@ class JobRequest(BaseModel):
             return _validated_spec(value)
         except _SpecInvalid as err:
             raise PydanticCustomError("detector_spec", "{msg}", {"path": err.path, "msg": err.msg}) from None
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str | None) -> str | None:
+        from training.config import check_device_text
+
+        return value if value is None else check_device_text(value)
 
     @field_validator("tenant", "name", "registered_model", mode="before")
     @classmethod
@@ -298,7 +311,14 @@ def _check(request: JobRequest) -> CheckedJob:
     overrides = dict(request.overrides)
     if request.steps is not None:
         overrides["steps"] = request.steps
+    for key in ("device", "dtype"):
+        if getattr(request, key) is not None:
+            overrides[key] = getattr(request, key)
     cfg = resolve_config(request.config, overrides)  # first: a config error before numpy, eval or torch is imported
+    if cfg.device.startswith("cuda"):  # asked for by name: refused here, before any slot or model, when absent
+        from training.device import resolve_device
+
+        resolve_device(cfg.device, field="device")
     from eval.health import Catalog
 
     if request.detector is not None:  # its parameters were checked by the model; here with the calibrated thresholds

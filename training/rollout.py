@@ -120,10 +120,12 @@ def rollout(
     generator: torch.Generator,
     grouped: bool = False,
     scorer_threads: int = 1,
+    device: torch.device | str = "cpu",
 ) -> RolloutResult:
     """Generate until `units_needed` units are finished; score them; return samples and deferred rest.
 
-    `scorers` maps "ref" (logprob), "critic" (value, optional) and "reward" (reward) to scorers.
+    `scorers` maps "ref" (logprob), "critic" (value, optional) and "reward" (reward) to scorers. The batch is built on
+    `device` (the models' and the generator's); the samples' tensors come back on the CPU.
     """
     n = len(seqs)
     ids, attn = left_pad([s.prompt_ids + s.response_ids for s in seqs], pad_id)
@@ -138,6 +140,8 @@ def rollout(
     if grouped:
         remap = {g: k for k, g in enumerate(dict.fromkeys(s.group for s in seqs))}
         groups = torch.tensor([remap[s.group] for s in seqs], dtype=torch.long)
+    ids, attn, resp_cols, done, n_resp = (t.to(device) for t in (ids, attn, resp_cols, done, n_resp))
+    groups = groups.to(device) if groups is not None else None
 
     t0 = time.perf_counter()
     worker = _ScorerThread(scorers, scorer_threads) if stream else None
@@ -145,7 +149,8 @@ def rollout(
         worker.put(ids, attn)
     actor_lp = [engine.begin(ids, attn, done, n_resp, max_new_tokens, generator)]
     all_ids, all_attn, all_resp = [ids], [attn], [resp_cols]
-    finish_time = torch.where(done, torch.full((n,), -1.0), torch.full((n,), float("inf")))
+    finish_time = torch.where(done, torch.full((n,), -1.0, device=device),
+                              torch.full((n,), float("inf"), device=device))
     col = 0
     while _units_done(engine.done, groups) < units_needed and not bool(engine.done.all()):
         chunk = engine.decode(chunk_size, units_needed, groups)
@@ -166,10 +171,13 @@ def rollout(
 
     ids, attn, resp = torch.cat(all_ids, 1), torch.cat(all_attn, 1), torch.cat(all_resp, 1)
     actor_lp_t = torch.cat(actor_lp, 1)
+    # the bookkeeping below reads single elements: on the CPU, one copy each
+    ids, attn, resp, actor_lp_t, finish_time = (t.cpu() for t in (ids, attn, resp, actor_lp_t, finish_time))
+    groups = groups.cpu() if groups is not None else None
     new_tokens = ids[:, width:]
     new_mask = attn[:, width:]
     new_lp = actor_lp_t[:, width:]
-    final_done = engine.done.clone()
+    final_done = engine.done.cpu()
 
     # Which units train: the first `units_needed` to finish (ties broken by row order).
     if groups is None:
@@ -196,7 +204,7 @@ def rollout(
 
     if worker:
         outs = worker.finish()
-        outs = {k: v[rows] for k, v in outs.items()}
+        outs = {k: v.cpu()[rows] for k, v in outs.items()}
         sel_ids, sel_attn, sel_resp, sel_lp = ids[rows], attn[rows], resp[rows], actor_lp_t[rows]
     else:
         sel_ids, sel_attn, sel_resp, sel_lp = ids[rows], attn[rows], resp[rows], actor_lp_t[rows]
@@ -207,7 +215,7 @@ def rollout(
         outs = {}
         if rows:
             for name, scorer in scorers.items():
-                outs[name] = scorer.begin(sel_ids, sel_attn)
+                outs[name] = scorer.begin(sel_ids.to(device), sel_attn.to(device)).cpu()
                 scorer.release()
     t2 = time.perf_counter()
 

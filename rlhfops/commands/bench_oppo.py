@@ -20,6 +20,9 @@ def register_bench(bench_app: typer.Typer) -> None:
                                   help="steps per run (default: the config's `steps`, or 30 with --quick)"),
         seeds: int = typer.Option(3, "--seeds", help="seeds per mode (the config's seed, then the next ones)"),
         gate_every: int = typer.Option(5, "--gate-every", help="steps between held-out gold gates"),
+        device: str = typer.Option(None, "--device", help="auto (CUDA when present), cpu, cuda or cuda:N; replaces "
+                                   "the config's `device`"),
+        dtype: str = typer.Option(None, "--dtype", help="float32 or bfloat16; replaces the config's `dtype`"),
         target_frac: float = typer.Option(0.7, "--target-frac",
                                           help="targets = sequential start + this share of its best improvement"),
         baseline: Path = typer.Option(None, "--baseline",
@@ -61,7 +64,12 @@ def register_bench(bench_app: typer.Typer) -> None:
         check_out_file(out, "out")
         if out is not None:
             check_out_file(out.with_suffix(".png"), "out (its .png plot)")
-        cfg = load_config(config)
+        overrides = {k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None}
+        cfg = load_config(config, overrides or None)
+        if cfg.device.startswith("cuda"):  # asked for by name: refused before any model is built when absent
+            from training.device import resolve_device
+
+            resolve_device(cfg.device, field="--device" if device else "device")
         settings = bench_settings(cfg, quick, steps=steps, seeds=seeds, gate_every=gate_every,
                                   target_frac=target_frac)
         base = read_baseline(baseline, settings, "--baseline") if baseline is not None else None

@@ -23,6 +23,10 @@ def register(app: typer.Typer) -> None:
         overlap: str = typer.Option("full", "--overlap", help=OVERLAP_HELP),
         steps: int = typer.Option(None, "--steps", help="total PPO steps (default: the config's `steps`)"),
         out: Path = typer.Option(None, "--out", help="run directory (default runs/<config-stem>-<overlap>/)"),
+        device: str = typer.Option(None, "--device", help="auto (CUDA when present), cpu, cuda or cuda:N; replaces "
+                                   "the config's `device`"),
+        dtype: str = typer.Option(None, "--dtype", help="float32, or bfloat16 (float32 master weights, bfloat16 "
+                                  "forward passes); replaces the config's `dtype`"),
         fresh: bool = typer.Option(False, "--fresh", help="ignore checkpoints in the run directory and start over"),
         trace: Path = typer.Option(None, "--trace", help="also write a Trace CSV here (docs/ARCHITECTURE.md)"),
         label: int = typer.Option(None, "--label", help="Trace CSV label for this run: 1 hacking, 0 healthy"),
@@ -47,7 +51,7 @@ def register(app: typer.Typer) -> None:
         # gates it as the platform does (the same builder, planned steps and rule), without one every step is run
         request = parse_request({"config": str(config), "overlap": overlap, "steps": steps, "tenant": "local",
                                  "name": job_name(config.stem), "detector": gate, "out_root": str(out),
-                                 "run_dir": ".", "resume": not fresh})
+                                 "run_dir": ".", "resume": not fresh, "device": device, "dtype": dtype})
         checked = request.checked()
         # torch: only once the request is known good, so a config error is reported in under a second
 
@@ -102,6 +106,11 @@ def register(app: typer.Typer) -> None:
         with progress:
             outcome = run_job(spec, hooks=TrainHooks(), supervisor=supervisor)
         if outcome.error is not None:
+            from training.device import DeviceOutOfMemory
+
+            if isinstance(outcome.error, DeviceOutOfMemory):  # the job's reason, one line; the run dir keeps its
+                console.print(f"[red]failed:[/red] {outcome.error}")  # checkpoints
+                raise typer.Exit(1)
             raise outcome.error
         last, first, best_gold = seen["last"], seen["first"], seen["best"]
         if last is None:

@@ -272,13 +272,13 @@ def test_wait_for_api_returns_at_once_on_the_temporary_server():
 
 
 def test_replay_feeds_the_supervisor_the_steps_up_to_the_checkpoint_exactly(tmp_path):
+    from training.checkpoint import MetricsCSV
     from training.metrics import StepRecord
-    from training.trainer import _MetricsCSV
 
     originals = [StepRecord(step=i, policy_version=i, reward_mean=0.1 * i, kl=0.5 + i / 3, gold_eval=(
         0.2 + i / 7 if i % 2 == 0 else math.nan), entropy=1.0 / i, tokens_generated=100 * i, delta=i % 3,
         phase_seconds={"rollout": 0.25 * i, "optim": 0.125}) for i in range(1, 7)]
-    w = _MetricsCSV(tmp_path / "metrics.csv", 0)
+    w = MetricsCSV(tmp_path / "metrics.csv", 0)
     for rec in originals:
         w.write(rec)
     w.close()
