@@ -33,6 +33,8 @@ class ModelConfig(Strict):
     num_layers: int = Field(2, ge=1, le=512)
     num_heads: int = Field(4, ge=1, le=1024)
     intermediate_size: int = Field(128, ge=8, le=262144)
+    #: key/value heads (grouped-query attention, llama/qwen2): None means num_heads (every head its own k/v)
+    num_kv_heads: int | None = Field(None, ge=1, le=1024)
     #: local checkpoint directory (transformers format); replaces the tiny random-weight model
     model_name_or_path: str | None = None
 
@@ -48,7 +50,25 @@ class ModelConfig(Strict):
             # rotary position embeddings rotate pairs of dimensions
             raise ValueError(f"hidden_size / num_heads ({self.hidden_size // self.num_heads}) must be even for "
                              f"arch {self.arch} (rotary embeddings rotate pairs of dimensions)")
+        if self.num_kv_heads is not None:
+            if self.arch == "gpt2" and self.num_kv_heads != self.num_heads:
+                raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must equal num_heads ({self.num_heads}) for arch "
+                                 "gpt2 (it has no grouped-query attention; use arch llama or qwen2, or drop it)")
+            if self.num_heads % self.num_kv_heads:
+                raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads}): each "
+                                 f"key/value head serves a whole group of query heads (e.g. num_kv_heads "
+                                 f"{_divisor_near(self.num_heads, self.num_kv_heads)})")
         return self
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads in effect (num_kv_heads, or num_heads when unset)."""
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the key (and of the value) projection: kv_heads x head_dim."""
+        return self.kv_heads * (self.hidden_size // self.num_heads)
 
 
 def _divisor_near(n: int, k: int) -> int:
@@ -219,20 +239,22 @@ PROMPT_POSITIONS = 32
 
 def parameter_count(mc: ModelConfig, positions: int, vocab: int = BYTE_VOCAB) -> int:
     """Parameters of the causal LM built from `mc` (training/models.py `_hf_config`): tied embeddings, per layer
-    q/k/v/o (hidden^2 each) and the MLP (llama/qwen2: gate, up, down; gpt2: up, down) plus norms and biases;
-    gpt2 adds learned positions. A scorer has `hidden` more (its one-label head)."""
-    h, i, layers = mc.hidden_size, mc.intermediate_size, mc.num_layers
+    q and o (hidden^2 each), k and v (hidden x kv_dim each: grouped-query attention shares a k/v head among
+    num_heads / kv_heads query heads) and the MLP (llama/qwen2: gate, up, down; gpt2: up, down) plus norms and
+    biases; gpt2 adds learned positions. A scorer has `hidden` more (its one-label head)."""
+    h, i, layers, kv = mc.hidden_size, mc.intermediate_size, mc.num_layers, mc.kv_dim
     if mc.arch == "gpt2":
         return vocab * h + positions * h + layers * (4 * h * h + 2 * h * i + 9 * h + i) + 2 * h
-    qkv_bias = 3 * h if mc.arch == "qwen2" else 0  # qwen2's q/k/v projections carry biases
-    return vocab * h + layers * (4 * h * h + 3 * h * i + 2 * h + qkv_bias) + h
+    qkv_bias = h + 2 * kv if mc.arch == "qwen2" else 0  # qwen2's q/k/v projections carry biases
+    return vocab * h + layers * (2 * h * h + 2 * h * kv + 3 * h * i + 2 * h + qkv_bias) + h
 
 
 def train_memory_bytes(cfg: TrainConfig) -> float:
     """Planned memory of one training process (float32), a deliberate over-estimate:
     weights: actor 16 B/param (weights, gradients, two Adam moments) + frozen reference 4 B; critic 16 B + reward
     model 4 B (the proxy RM trains with the critic's footprint first);
-    decode: key/value caches of the four roles for B + delta_max sequences of 32 + 2 * max_new_tokens positions;
+    decode: key/value caches (kv_dim wide per layer) of the four roles for B + delta_max sequences of
+    32 + 2 * max_new_tokens positions;
     training: per-layer activations of one minibatch (about 14 hidden + 2 intermediate floats per token, plus the
     heads x positions x positions attention scores), for actor and critic."""
     positions = PROMPT_POSITIONS + 2 * cfg.ppo.max_new_tokens
@@ -245,7 +267,7 @@ def train_memory_bytes(cfg: TrainConfig) -> float:
         if mc.model_name_or_path:
             continue  # a checkpoint's size is its own; not estimated here
         weights += 20.0 * parameter_count(mc, positions)
-        kv += 2 * 2.0 * mc.num_layers * mc.hidden_size * positions * in_flight * 4
+        kv += 2 * 2.0 * mc.num_layers * mc.kv_dim * positions * in_flight * 4
         per_token = 14 * mc.hidden_size + 2 * mc.intermediate_size + mc.num_heads * positions
         act += 2 * 4.0 * minibatch * positions * mc.num_layers * per_token
     return weights + kv + act

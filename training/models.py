@@ -85,7 +85,7 @@ def _hf_config(mc: ModelConfig, tok: Tokenizer, max_positions: int, **extra):
     cls = LlamaConfig if mc.arch == "llama" else Qwen2Config
     return cls(
         hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size, num_hidden_layers=mc.num_layers,
-        num_attention_heads=mc.num_heads, num_key_value_heads=mc.num_heads,
+        num_attention_heads=mc.num_heads, num_key_value_heads=mc.kv_heads,
         max_position_embeddings=max_positions, bos_token_id=None, tie_word_embeddings=True, **common,
     )
 
