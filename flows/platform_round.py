@@ -70,13 +70,13 @@ def warm_starts(cfgs: list[Any]) -> None:
     so a clean cache gets the same warm start on any machine. Cached ones are only loaded."""
     import torch
 
-    from training.models import base_policy, make_tokenizer, proxy_reward_model
+    from training.models import base_policy, proxy_reward_model, tokenizer_for
 
     threads = torch.get_num_threads()
     try:
         for cfg in cfgs:
             torch.set_num_threads(cfg.oppo.torch_threads)
-            tok = make_tokenizer(cfg.policy.model_name_or_path)
+            tok = tokenizer_for(cfg)
             base_policy(cfg, tok)
             proxy_reward_model(cfg, tok)
     finally:

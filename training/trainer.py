@@ -64,8 +64,8 @@ from training.models import (
     build_scorer,
     format_prompt,
     frozen_copy,
-    make_tokenizer,
     proxy_reward_model,
+    tokenizer_for,
 )
 from training.oppo import ChunkTuner, DeltaController, deferral_histogram
 from training.rollout import Sample, Sequence, rollout
@@ -108,7 +108,7 @@ class Trainer:
         self.units_per_step = cfg.ppo.batch_size // self.group_size
 
         self._say("building tokenizer, base policy and proxy reward model (cached after the first run)")
-        self.tok: Tokenizer = make_tokenizer(cfg.policy.model_name_or_path)
+        self.tok: Tokenizer = tokenizer_for(cfg)
         self.prompts = make_prompts(cfg.task, cfg.seed)
         base = base_policy(cfg, self.tok)
         self.ref = frozen_copy(base)
@@ -675,14 +675,14 @@ def gold_eval(policy_or_checkpoint, prompts: list[str] | None = None, config: Tr
             raise BadInput(f"checkpoint: '{ckpt}' has no actor/ directory (pass a checkpoints/step-NNNNNN path)")
         if config is None:
             config = TrainConfig.model_validate(yaml.safe_load((ckpt / "config.yaml").read_text()))
-        tok = tok or make_tokenizer(config.policy.model_name_or_path)
+        tok = tok or tokenizer_for(config)
         policy = build_causal_lm(config.policy.model_copy(update={"model_name_or_path": str(ckpt / "actor")}), tok,
                                  _max_positions(config)).eval()
     else:
         policy = policy_or_checkpoint
         if config is None:
             raise BadInput("gold_eval: pass config= when evaluating a live policy")
-        tok = tok or make_tokenizer(config.policy.model_name_or_path)
+        tok = tok or tokenizer_for(config)
     if prompts is None:
         prompts = make_prompts(config.task, config.seed).heldout[: config.eval_prompts]
     ids = list(prompt_ids) if prompt_ids is not None else list(range(len(prompts)))
