@@ -278,7 +278,8 @@ def train_memory_bytes(cfg: TrainConfig) -> float:
     training: per-layer activations of one micro-batch (at most MICRO_BATCH_TOKENS tokens, or one whole sequence;
     about 14 hidden + 2 intermediate floats per token, plus the heads x positions x positions attention scores),
     for actor and critic, plus the actor's logits (logits, log-softmax and their gradient: 3 x vocabulary floats
-    per token)."""
+    per token). Activations take 2 bytes a float under `dtype: bfloat16`, 4 under float32; the rest is counted at
+    float32 whatever the dtype (an over-estimate where weights or optimiser state are held in bf16)."""
     positions = PROMPT_POSITIONS + 2 * cfg.ppo.max_new_tokens
     weights = 0.0
     kv = 0.0
@@ -287,6 +288,7 @@ def train_memory_bytes(cfg: TrainConfig) -> float:
     minibatch = cfg.ppo.batch_size // cfg.ppo.num_mini_batches
     micro_tokens = min(minibatch * positions, max(MICRO_BATCH_TOKENS, positions))
     vocab = vocab_size(cfg.task)
+    act_bytes = 2.0 if cfg.dtype == "bfloat16" else 4.0
     if not cfg.policy.model_name_or_path:
         act += 3 * 4.0 * micro_tokens * vocab
     for mc in (cfg.policy, cfg.reward):
@@ -295,7 +297,7 @@ def train_memory_bytes(cfg: TrainConfig) -> float:
         weights += 20.0 * parameter_count(mc, positions, vocab)
         kv += 2 * 2.0 * mc.num_layers * mc.kv_dim * positions * in_flight * 4
         per_token = 14 * mc.hidden_size + 2 * mc.intermediate_size + mc.num_heads * positions
-        act += 2 * 4.0 * micro_tokens * mc.num_layers * per_token
+        act += 2 * act_bytes * micro_tokens * mc.num_layers * per_token
     return weights + kv + act
 
 

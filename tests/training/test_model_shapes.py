@@ -53,3 +53,20 @@ def test_grouped_kv_heads_shrink_the_kv_cache_estimate():
     params_diff = 2 * 2 * (2 * 56 * (56 - 8) + 2 * (56 - 8))  # k/v weights and biases, 2 layers, 2 models
     assert train_memory_bytes(full) - train_memory_bytes(grouped) == pytest.approx(
         cache_full * 6 / 7 + 20.0 * params_diff)
+
+
+def test_the_real_shape_config_is_qwen2_0_5b():
+    """configs/ppo-qwen2-0.5b.yaml: with Qwen2's own vocabulary (151,936) its policy has the parameter count that
+    transformers' Qwen2ForCausalLM had in the GPU anchor (494,032,768: ../shared/gpu/anchor-h200.json, params_m),
+    an oracle outside this code; it validates, B=64, a 1024 cap, bf16, the BPE of 32k."""
+    from pathlib import Path
+
+    import yaml
+
+    from training.config import TrainConfig, vocab_size
+
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "ppo-qwen2-0.5b.yaml").read_text())
+    cfg = TrainConfig.model_validate(raw)
+    assert parameter_count(cfg.policy, 4096, 151_936) == 494_032_768
+    assert (cfg.ppo.batch_size, cfg.ppo.max_new_tokens, cfg.dtype, cfg.device) == (64, 1024, "bfloat16", "auto")
+    assert vocab_size(cfg.task) == 32_000 and cfg.task.length_dist == "lognormal"
