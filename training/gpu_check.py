@@ -70,7 +70,7 @@ class Check:
     def write(self) -> None:
         self.data["elapsed_s"] = self.elapsed()
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1, allow_nan=False) + "\n")
+        tmp.write_text(json.dumps(_finite_or_null(self.data), indent=1, allow_nan=False) + "\n")
         tmp.replace(self.path)
 
 
@@ -260,9 +260,17 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
+    try:
+        dev = torch.device(args.device)
+    except RuntimeError:
+        print(f"gpu-check: --device '{args.device}' is not a device (cuda, cuda:N or cpu)", file=sys.stderr)
+        return 2
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        print(f"gpu-check: --device {args.device}: torch {torch.__version__} sees no CUDA device here (use --device "
+              "cpu --dry for the CPU dry run)", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     check = Check(args.out, args.budget_s)
-    dev = torch.device(args.device)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     check.data.update(device=name, torch=torch.__version__, transformers=transformers.__version__,
                       python=sys.version.split()[0], dry=args.dry, budget_s=args.budget_s)
@@ -275,20 +283,18 @@ def main(argv: list[str] | None = None) -> int:
             small_shape(check, args.device, args.dry, small_steps, 1 if args.dry else 5, 0.3 * args.budget_s)
         real_shape(check, args.device, args.dtype, args.dry, args.steps or 1, args.engine)
     check.say(f"done: {check.path}")
-    _finite_or_none(check.data)
     return 0
 
 
-def _finite_or_none(obj, where: str = "") -> None:
-    """Every number in the JSON is finite (NaN would be invalid JSON; allow_nan=False refuses it at write)."""
+def _finite_or_null(obj):
+    """The JSON with every non-finite number as null (NaN is not JSON; a NaN must not end the check mid-way)."""
     if isinstance(obj, dict):
-        for k, v in obj.items():
-            _finite_or_none(v, f"{where}.{k}")
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            _finite_or_none(v, f"{where}[{i}]")
-    elif isinstance(obj, float) and not math.isfinite(obj):
-        raise ValueError(f"gpu-check: {where} is {obj}")
+        return {k: _finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_null(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
 
 
 if __name__ == "__main__":
