@@ -167,6 +167,7 @@ def small_shape(check: Check, device: str, dry: bool, max_steps: int, gate_every
 def real_shape(check: Check, device: str, dtype: str, dry: bool, steps: int, engine: str | None) -> None:
     import torch
 
+    from training.bench import PHASE_KEYS
     from training.config import resolve_config
     from training.trainer import Trainer
 
@@ -196,7 +197,7 @@ def real_shape(check: Check, device: str, dtype: str, dry: bool, steps: int, eng
         else:
             _reset_peak(dev)
         warmup = 1 if mode in ("inter", "full") else 0
-        rec_steps, times, phases, tokens = 0, [], {k: 0.0 for k in ("rollout", "score", "sync", "optim")}, 0
+        rec_steps, times, phases, tokens = 0, [], {k: 0.0 for k in PHASE_KEYS}, 0
         for i in range(warmup + steps):
             if i > 0 and check.left() < 1.2 * last_step:
                 check.say(f"{mode}: budget spent after {rec_steps} measured steps")
