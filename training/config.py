@@ -216,8 +216,6 @@ class TrainConfig(Strict):
     oppo: OPPOConfig = Field(default_factory=OPPOConfig)
     fault: FaultConfig = Field(default_factory=FaultConfig)
     engine: Literal["transformers", "vllm"] = "transformers"
-    device: str = "auto"
-    dtype: Literal["float32", "bfloat16"] = "float32"
     checkpoint_every: int = Field(25, ge=1)
     keep_checkpoints: int = Field(0, ge=0, description="0 keeps every checkpoint")
     eval_every: int = Field(10, ge=1, description="steps between gold evaluations on held-out prompts")
