@@ -8,7 +8,7 @@ PIP_FLAGS := --disable-pip-version-check -q
 export OMP_WAIT_POLICY := PASSIVE
 export MPLBACKEND := Agg
 
-.PHONY: install demo test lint bench mutate mutate-resume mutation-report clean
+.PHONY: install demo test lint bench mutate mutate-resume mutation-report clean wheelhouse
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -51,6 +51,21 @@ mutate-resume: install
 
 mutation-report: install
 	$(BIN)/python tests/mutation_report.py
+
+# The light dependencies the trainer's import path needs beyond torch and transformers (and what those bring: numpy,
+# pyyaml, tokenizers), as wheels for an offline GPU box running CPython 3.12 on x86-64: scripts/gpu-check installs
+# them into a temporary folder there. Never torch or transformers: the box's own are used. The list is what
+# importing training.trainer and training.gpu_check loads that torch and transformers do not (docs/oppo.md
+# "GPU check"); versions are this venv's.
+WHEELHOUSE_PKGS := pydantic pydantic-core annotated-types typing-inspection typing-extensions
+WHEEL_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \
+	manylinux1_x86_64
+wheelhouse: install
+	rm -rf wheelhouse && mkdir -p wheelhouse
+	$(BIN)/python -m pip download $(PIP_FLAGS) --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp $(addprefix --platform ,$(WHEEL_PLATFORMS)) -d wheelhouse \
+		$$($(BIN)/python -c "import importlib.metadata as m; print(' '.join(p + '==' + m.version(p) for p in '$(WHEELHOUSE_PKGS)'.split()))")
+	@ls wheelhouse; du -sh wheelhouse
 
 bench: install
 	$(BIN)/rlhfops bench sim --out bench-sim.json

@@ -70,15 +70,17 @@ def warm_starts(cfgs: list[Any]) -> None:
     so a clean cache gets the same warm start on any machine. Cached ones are only loaded."""
     import torch
 
-    from training.models import base_policy, make_tokenizer, proxy_reward_model
+    from training.device import resolve_device
+    from training.models import base_policy, proxy_reward_model, tokenizer_for
 
     threads = torch.get_num_threads()
     try:
         for cfg in cfgs:
             torch.set_num_threads(cfg.oppo.torch_threads)
-            tok = make_tokenizer(cfg.policy.model_name_or_path)
-            base_policy(cfg, tok)
-            proxy_reward_model(cfg, tok)
+            tok = tokenizer_for(cfg)
+            device = resolve_device(cfg.device)  # the device the job's trainer builds on: the same cache key
+            base_policy(cfg, tok, device)
+            proxy_reward_model(cfg, tok, device)
     finally:
         torch.set_num_threads(threads)
 

@@ -45,6 +45,8 @@ class ModelConfig(Strict):
     num_layers: int = Field(2, ge=1, le=512)
     num_heads: int = Field(4, ge=1, le=1024)
     intermediate_size: int = Field(128, ge=8, le=262144)
+    #: key/value heads (grouped-query attention, llama/qwen2): None means num_heads (every head its own k/v)
+    num_kv_heads: int | None = Field(None, ge=1, le=1024)
     #: local checkpoint directory (transformers format); replaces the tiny random-weight model
     model_name_or_path: str | None = None
 
@@ -60,7 +62,25 @@ class ModelConfig(Strict):
             # rotary position embeddings rotate pairs of dimensions
             raise ValueError(f"hidden_size / num_heads ({self.hidden_size // self.num_heads}) must be even for "
                              f"arch {self.arch} (rotary embeddings rotate pairs of dimensions)")
+        if self.num_kv_heads is not None:
+            if self.arch == "gpt2" and self.num_kv_heads != self.num_heads:
+                raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must equal num_heads ({self.num_heads}) for arch "
+                                 "gpt2 (it has no grouped-query attention; use arch llama or qwen2, or drop it)")
+            if self.num_heads % self.num_kv_heads:
+                raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads}): each "
+                                 f"key/value head serves a whole group of query heads (e.g. num_kv_heads "
+                                 f"{_divisor_near(self.num_heads, self.num_kv_heads)})")
         return self
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads in effect (num_kv_heads, or num_heads when unset)."""
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the key (and of the value) projection: kv_heads x head_dim."""
+        return self.kv_heads * (self.hidden_size // self.num_heads)
 
 
 def _divisor_near(n: int, k: int) -> int:
@@ -74,9 +94,19 @@ class TaskConfig(Strict):
     n_train_prompts: int = Field(512, ge=8, le=1_000_000)
     n_heldout_prompts: int = Field(128, ge=8, le=1_000_000)
     long_prompt_frac: float = Field(0.25, ge=0.0, le=1.0, description="share of '?' prompts (long answers)")
+    #: random words in a prompt before its mark ("kol brane?" has 2); more words make longer prompts
+    prompt_words: int = Field(2, ge=1, le=400)
     # characters; responses are cut at max_new_tokens anyway, and huge means never finish drawing the corpus
-    short_mean_len: float = Field(8.0, gt=1.0, le=4096)
-    long_mean_len: float = Field(60.0, gt=1.0, le=4096)
+    short_mean_len: float = Field(8.0, gt=1.0, le=65536)
+    long_mean_len: float = Field(60.0, gt=1.0, le=65536)
+    #: a corpus answer's length in characters: "geometric" (memoryless, the mean above) or "lognormal" (the same
+    #: mean, log-space spread `length_sigma`: median = mean / exp(sigma^2 / 2), a heavier tail)
+    length_dist: Literal["geometric", "lognormal"] = "geometric"
+    length_sigma: float = Field(0.9, gt=0.0, le=4.0)
+    #: "byte": ByT5's bytes (259 ids, no files); "bpe": a byte-level BPE of `vocab_size` ids trained on the task's
+    #: text (training/tokenizer.py, cached in cache_dir), so the output layer is a real share of a decode step
+    tokenizer: Literal["byte", "bpe"] = "byte"
+    vocab_size: int = Field(32000, ge=512, le=262144, description="ids of the BPE tokenizer (tokenizer: bpe)")
     #: Beta(a, b) of a corpus response's vowel share: both > 0
     vowel_beta: tuple[Annotated[float, Field(gt=0.0, le=1000.0)], Annotated[float, Field(gt=0.0, le=1000.0)]] = (
         2.0, 7.0)
@@ -237,37 +267,57 @@ BYTE_VOCAB = 259
 PROMPT_POSITIONS = 32
 
 
+def vocab_size(task: TaskConfig) -> int:
+    """Ids of the tokenizer the task names (a checkpoint's own tokenizer is not estimated here)."""
+    return task.vocab_size if task.tokenizer == "bpe" else BYTE_VOCAB
+
+
+#: tokens per micro-batch of the PPO update (training/trainer.py `_micro_batches`): backward runs per micro-batch,
+#: so activations are held for this many tokens at a time
+MICRO_BATCH_TOKENS = 8192
+
+
 def parameter_count(mc: ModelConfig, positions: int, vocab: int = BYTE_VOCAB) -> int:
     """Parameters of the causal LM built from `mc` (training/models.py `_hf_config`): tied embeddings, per layer
-    q/k/v/o (hidden^2 each) and the MLP (llama/qwen2: gate, up, down; gpt2: up, down) plus norms and biases;
-    gpt2 adds learned positions. A scorer has `hidden` more (its one-label head)."""
-    h, i, layers = mc.hidden_size, mc.intermediate_size, mc.num_layers
+    q and o (hidden^2 each), k and v (hidden x kv_dim each: grouped-query attention shares a k/v head among
+    num_heads / kv_heads query heads) and the MLP (llama/qwen2: gate, up, down; gpt2: up, down) plus norms and
+    biases; gpt2 adds learned positions. A scorer has `hidden` more (its one-label head)."""
+    h, i, layers, kv = mc.hidden_size, mc.intermediate_size, mc.num_layers, mc.kv_dim
     if mc.arch == "gpt2":
         return vocab * h + positions * h + layers * (4 * h * h + 2 * h * i + 9 * h + i) + 2 * h
-    qkv_bias = 3 * h if mc.arch == "qwen2" else 0  # qwen2's q/k/v projections carry biases
-    return vocab * h + layers * (4 * h * h + 3 * h * i + 2 * h + qkv_bias) + h
+    qkv_bias = h + 2 * kv if mc.arch == "qwen2" else 0  # qwen2's q/k/v projections carry biases
+    return vocab * h + layers * (2 * h * h + 2 * h * kv + 3 * h * i + 2 * h + qkv_bias) + h
 
 
 def train_memory_bytes(cfg: TrainConfig) -> float:
     """Planned memory of one training process (float32), a deliberate over-estimate:
     weights: actor 16 B/param (weights, gradients, two Adam moments) + frozen reference 4 B; critic 16 B + reward
     model 4 B (the proxy RM trains with the critic's footprint first);
-    decode: key/value caches of the four roles for B + delta_max sequences of 32 + 2 * max_new_tokens positions;
-    training: per-layer activations of one minibatch (about 14 hidden + 2 intermediate floats per token, plus the
-    heads x positions x positions attention scores), for actor and critic."""
+    decode: key/value caches (kv_dim wide per layer) of the four roles for B + delta_max sequences of
+    32 + 2 * max_new_tokens positions;
+    training: per-layer activations of one micro-batch (at most MICRO_BATCH_TOKENS tokens, or one whole sequence;
+    about 14 hidden + 2 intermediate floats per token, plus the heads x positions x positions attention scores),
+    for actor and critic, plus the actor's logits (logits, log-softmax and their gradient: 3 x vocabulary floats
+    per token). Activations take 2 bytes a float under `dtype: bfloat16`, 4 under float32; the rest is counted at
+    float32 whatever the dtype (an over-estimate where weights or optimiser state are held in bf16)."""
     positions = PROMPT_POSITIONS + 2 * cfg.ppo.max_new_tokens
     weights = 0.0
     kv = 0.0
     act = 0.0
     in_flight = cfg.ppo.batch_size + cfg.oppo.delta_max
     minibatch = cfg.ppo.batch_size // cfg.ppo.num_mini_batches
+    micro_tokens = min(minibatch * positions, max(MICRO_BATCH_TOKENS, positions))
+    vocab = vocab_size(cfg.task)
+    act_bytes = 2.0 if cfg.dtype == "bfloat16" else 4.0
+    if not cfg.policy.model_name_or_path:
+        act += 3 * 4.0 * micro_tokens * vocab
     for mc in (cfg.policy, cfg.reward):
         if mc.model_name_or_path:
             continue  # a checkpoint's size is its own; not estimated here
-        weights += 20.0 * parameter_count(mc, positions)
-        kv += 2 * 2.0 * mc.num_layers * mc.hidden_size * positions * in_flight * 4
+        weights += 20.0 * parameter_count(mc, positions, vocab)
+        kv += 2 * 2.0 * mc.num_layers * mc.kv_dim * positions * in_flight * 4
         per_token = 14 * mc.hidden_size + 2 * mc.intermediate_size + mc.num_heads * positions
-        act += 2 * 4.0 * minibatch * positions * mc.num_layers * per_token
+        act += 2 * act_bytes * micro_tokens * mc.num_layers * per_token
     return weights + kv + act
 
 
@@ -276,7 +326,7 @@ def check_train_memory(cfg: TrainConfig) -> None:
     from common.validate import check_memory
 
     positions = PROMPT_POSITIONS + 2 * cfg.ppo.max_new_tokens
-    sizes = ", ".join(f"{role} {parameter_count(mc, positions) / 1e6:,.1f}M parameters"
+    sizes = ", ".join(f"{role} {parameter_count(mc, positions, vocab_size(cfg.task)) / 1e6:,.1f}M parameters"
                       for role, mc in (("policy", cfg.policy), ("reward", cfg.reward)) if not mc.model_name_or_path)
     check_memory(train_memory_bytes(cfg), "policy/reward", f"training ({sizes}; batch {cfg.ppo.batch_size}, "
                  f"max_new_tokens {cfg.ppo.max_new_tokens})",

@@ -18,7 +18,7 @@ from training.device import autocast, model_device, resolve_device
 from training.engine import TransformersEngine, left_pad
 from training.gate import PromptRecord, batch_seed, heldout_batches, proxy_scores, summary
 from training.metrics import NAN
-from training.models import Tokenizer, _max_positions, build_causal_lm, format_prompt, frozen_copy, make_tokenizer
+from training.models import Tokenizer, _max_positions, build_causal_lm, format_prompt, frozen_copy, tokenizer_for
 from training.task import gold_score, make_prompts, parseable
 
 
@@ -151,14 +151,14 @@ def gold_eval(policy_or_checkpoint, prompts: list[str] | None = None, config: Tr
             raise BadInput(f"checkpoint: '{ckpt}' has no actor/ directory (pass a checkpoints/step-NNNNNN path)")
         if config is None:
             config = TrainConfig.model_validate(yaml.safe_load((ckpt / "config.yaml").read_text()))
-        tok = tok or make_tokenizer(config.policy.model_name_or_path)
+        tok = tok or tokenizer_for(config)
         policy = build_causal_lm(config.policy.model_copy(update={"model_name_or_path": str(ckpt / "actor")}), tok,
                                  _max_positions(config)).to(device or _scoring_device(config.device)).eval()
     else:
         policy = policy_or_checkpoint
         if config is None:
             raise BadInput("gold_eval: pass config= when evaluating a live policy")
-        tok = tok or make_tokenizer(config.policy.model_name_or_path)
+        tok = tok or tokenizer_for(config)
     if prompts is None:
         prompts = make_prompts(config.task, config.seed).heldout[: config.eval_prompts]
     ids = list(prompt_ids) if prompt_ids is not None else list(range(len(prompts)))

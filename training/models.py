@@ -5,7 +5,8 @@
 - reward model / critic: `*ForSequenceClassification` with one label. The reward is the head's
   output at the last real token (what TRL's RewardTrainer trains); the critic applies the same
   head to every position (OpenRLHF's critic; it is initialised from the reward model, as OpenRLHF does).
-- tokenizer: `ByT5Tokenizer` (bytes + pad/eos/unk, no files needed) unless a checkpoint brings its own.
+- tokenizer: `ByT5Tokenizer` (bytes + pad/eos/unk, no files needed) unless a checkpoint brings its own, or the
+  task's BPE (`task.tokenizer: bpe`, training/tokenizer.py) for a vocabulary of real size.
 
 Warm starts, cached under `cache_dir` by a hash of the config that made them so a run, its resume and the
 benchmark's four modes share them: the base policy is fitted to the task corpus (a few hundred SFT steps,
@@ -39,7 +40,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from training.config import ModelConfig, TrainConfig
+from training.config import ModelConfig, TaskConfig, TrainConfig
 from training.task import corpus_response, make_prompts, preference_pairs
 
 log = logging.getLogger(__name__)
@@ -61,13 +62,25 @@ class Tokenizer:
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
 
-def make_tokenizer(path: str | None = None) -> Tokenizer:
+def make_tokenizer(path: str | None = None, task: TaskConfig | None = None,
+                   cache_dir: str | Path | None = None) -> Tokenizer:
+    """A checkpoint's own tokenizer (`path`); else the task's BPE (`task.tokenizer: bpe`, trained once and cached
+    in `cache_dir`, training/tokenizer.py); else ByT5's bytes."""
     if path:
         tok = AutoTokenizer.from_pretrained(path)
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
         return Tokenizer(tok)
+    if task is not None and task.tokenizer == "bpe":
+        from training.tokenizer import bpe_tokenizer
+
+        return Tokenizer(bpe_tokenizer(task, cache_dir or "runs/.cache"))
     return Tokenizer(ByT5Tokenizer(extra_ids=0))
+
+
+def tokenizer_for(cfg: TrainConfig) -> Tokenizer:
+    """The tokenizer a job's config names (the policy checkpoint's, the task's BPE, or bytes)."""
+    return make_tokenizer(cfg.policy.model_name_or_path, cfg.task, cfg.cache_dir)
 
 
 def format_prompt(prompt: str) -> str:
@@ -85,7 +98,7 @@ def _hf_config(mc: ModelConfig, tok: Tokenizer, max_positions: int, **extra):
     cls = LlamaConfig if mc.arch == "llama" else Qwen2Config
     return cls(
         hidden_size=mc.hidden_size, intermediate_size=mc.intermediate_size, num_hidden_layers=mc.num_layers,
-        num_attention_heads=mc.num_heads, num_key_value_heads=mc.num_heads,
+        num_attention_heads=mc.num_heads, num_key_value_heads=mc.kv_heads,
         max_position_embeddings=max_positions, bos_token_id=None, tie_word_embeddings=True, **common,
     )
 
@@ -124,10 +137,10 @@ def _build_code() -> str:
     every cache key, so weights built by other code are rebuilt rather than silently reused."""
     import transformers
 
-    from training import task
+    from training import task, tokenizer
 
     digest = hashlib.sha256()
-    for source in (Path(__file__), Path(task.__file__)):
+    for source in (Path(__file__), Path(task.__file__), Path(tokenizer.__file__)):
         digest.update(source.read_bytes())
     digest.update(f"{torch.__version__} {transformers.__version__}".encode())
     return digest.hexdigest()[:12]
@@ -280,7 +293,8 @@ def base_policy(cfg: TrainConfig, tok: Tokenizer, device: torch.device | str | N
     if cfg.policy.model_name_or_path or cfg.task.sft_steps == 0:
         return model.eval()
     key = _hash(cfg.policy, cfg.task.model_dump(include={"n_train_prompts", "n_heldout_prompts", "long_prompt_frac",
-                "short_mean_len", "long_mean_len", "vowel_beta", "sft_steps", "sft_lr", "sft_batch_size"}),
+                "short_mean_len", "long_mean_len", "vowel_beta", "sft_steps", "sft_lr", "sft_batch_size",
+                "prompt_words", "length_dist", "length_sigma", "tokenizer", "vocab_size"}),
                 cfg.seed, cfg.ppo.max_new_tokens, *_device_key(device))
     _cached(Path(cfg.cache_dir) / f"base-{key}.pt", model, lambda: sft_base_policy(cfg, tok, model))
     return model.eval()

@@ -16,10 +16,11 @@ the policy near the base distribution, where proxy and gold agree, so both rise.
 
 Response lengths are long-tailed by construction: a prompt ending in '?' asks for a long answer
 (geometric length with mean `long_mean_len`), one ending in '.' for a short one (`short_mean_len`).
-With 25% '?' prompts, well over 10% of responses are >= 4x the median length.
+With 25% '?' prompts, well over 10% of responses are >= 4x the median length. `length_dist: lognormal` draws
+the same means from a lognormal instead (a heavier tail: the GPU shapes' "most short, a few at the cap").
 
-Prompts: two random lowercase words and a mark, e.g. "kol brane?". Train and held-out prompt sets are
-disjoint; held-out prompts are used only by `gold_eval`.
+Prompts: `prompt_words` (default two) random lowercase words and a mark, e.g. "kol brane?". Train and held-out
+prompt sets are disjoint; held-out prompts are used only by `gold_eval`.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def make_prompts(cfg: TaskConfig, seed: int) -> Prompts:
     need = cfg.n_train_prompts + cfg.n_heldout_prompts
     while len(out) < need:
         mark = "?" if rng.random() < cfg.long_prompt_frac else "."
-        p = f"{_word(rng, 0.35, 2, 5)} {_word(rng, 0.35, 2, 5)}{mark}"
+        p = " ".join(_word(rng, 0.35, 2, 5) for _ in range(cfg.prompt_words)) + mark
         if p not in seen:
             seen.add(p)
             out.append(p)
@@ -71,8 +72,7 @@ def make_prompts(cfg: TaskConfig, seed: int) -> Prompts:
 
 def corpus_response(prompt: str, cfg: TaskConfig, rng: np.random.Generator) -> str:
     """One "human-written" response: long-tailed length by prompt mark, per-response vowel share."""
-    mean = cfg.long_mean_len if prompt.endswith("?") else cfg.short_mean_len
-    length = 1 + int(rng.geometric(1.0 / mean))
+    length = answer_length(prompt, cfg, rng)
     vowel_p = float(rng.beta(*cfg.vowel_beta))
     words: list[str] = []
     total = 0
@@ -81,6 +81,15 @@ def corpus_response(prompt: str, cfg: TaskConfig, rng: np.random.Generator) -> s
         words.append(w)
         total += len(w) + 1
     return " ".join(words)[:length].strip() or "a"
+
+
+def answer_length(prompt: str, cfg: TaskConfig, rng: np.random.Generator) -> int:
+    """Characters of a corpus answer: geometric with the mark's mean, or lognormal with that mean."""
+    mean = cfg.long_mean_len if prompt.endswith("?") else cfg.short_mean_len
+    if cfg.length_dist == "lognormal":
+        median = mean / math.exp(cfg.length_sigma**2 / 2)
+        return max(1, int(rng.lognormal(math.log(median), cfg.length_sigma)))
+    return 1 + int(rng.geometric(1.0 / mean))
 
 
 def vowel_share(text: str) -> float:

@@ -61,8 +61,8 @@ from training.models import (
     build_scorer,
     format_prompt,
     frozen_copy,
-    make_tokenizer,
     proxy_reward_model,
+    tokenizer_for,
 )
 from training.oppo import ChunkTuner, DeltaController
 from training.rollout import Sample, Sequence, rollout
@@ -106,7 +106,7 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         self.units_per_step = cfg.ppo.batch_size // self.group_size
 
         self._say("building tokenizer, base policy and proxy reward model (cached after the first run)")
-        self.tok: Tokenizer = make_tokenizer(cfg.policy.model_name_or_path)
+        self.tok: Tokenizer = tokenizer_for(cfg)
         self.prompts = make_prompts(cfg.task, cfg.seed)
         base = base_policy(cfg, self.tok, self.device)
         # trainable models keep float32 weights (and AdamW state); the frozen ones are stored at the job's dtype
