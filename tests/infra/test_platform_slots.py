@@ -152,13 +152,15 @@ def test_a_slot_pool_belongs_to_the_api_it_was_provisioned_on(monkeypatch):
 
     from infra import provision
 
-    # provisioning waits out an API that does not answer (a restart) before it falls back; these never will
-    monkeypatch.setattr(provision, "API_OUTAGE_BUDGET_S", 0.5)
+    # no servers here: record which API each pool was provisioned on instead of creating the limit there
+    provisioned = []
+    monkeypatch.setattr(provision.SlotPool, "_provision", lambda self: provisioned.append(PREFECT_API_URL.value()))
 
     name = "gpu-slots-two-servers-test"
     pools = []
-    for url in ("http://127.0.0.1:9/api", "http://127.0.0.1:19/api"):  # closed ports: each pool falls back to local
+    urls = ["http://127.0.0.1:9/api", "http://127.0.0.1:19/api"]
+    for url in urls:
         with temporary_settings({PREFECT_API_URL: url}):
             pools.append(provision.gpu_slots(2, name))
             assert provision.gpu_slots(2, name) is pools[-1]  # the same API and size share one pool
-    assert pools[0] is not pools[1]
+    assert pools[0] is not pools[1] and provisioned == urls

@@ -1,0 +1,88 @@
+"""A Prefect server whose concurrency-limit calls fail for a while, as the real one fails: every request this process's
+Prefect clients send to a path under `/v2/concurrency_limits` gets, until a deadline, the answer the server gives
+under that fault; the rest of the client (its own retries, `raise_for_status`, the concurrency service's error
+wrapping) is Prefect's own. Installed in the httpx transports, below every Prefect client, so it works in any
+process that installs it (the cross-process tests start their holders with `holder`)."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+#: what the server answers (prefect/server/api/server.py `custom_internal_exception_handler`): an unhandled error is
+#: a 500; SQLite's "database is locked" (`is_client_retryable_exception`) a 503, which the client retries itself
+ANSWERS = {"500": (500, {"exception_message": "Internal Server Error"}),
+           "locked": (503, {"exception_message": "Service Unavailable"})}
+LIMIT_PATHS = r"/v2/concurrency_limits"
+ACQUIRE_PATH = r"/v2/concurrency_limits/increment-with-lease"
+
+#: the fault in force in this process: answer, path pattern, deadline (time.time()), requests answered so far
+state: dict[str, Any] = {"answer": None, "path": None, "until": 0.0, "faulted": 0}
+
+
+def _faulted(request) -> Any:
+    import httpx
+
+    if state["answer"] is None or time.time() >= state["until"] or not re.search(state["path"], request.url.path):
+        return None
+    state["faulted"] += 1
+    code, body = ANSWERS[state["answer"]]
+    return httpx.Response(code, json=body, request=request)
+
+
+def install(answer: str, until: float, path: str = LIMIT_PATHS) -> None:
+    """From now until `until` (time.time(), so a deadline means the same in every process), requests to `path`
+    (a regex on the URL path) are answered `answer` (a key of `ANSWERS`); `until=inf`: for good. Patches the httpx
+    transports for the rest of the process (tests undo it with `patch_transports(monkeypatch)` instead)."""
+    import httpx
+
+    state.update(answer=answer, until=until, path=path, faulted=0)
+    if getattr(httpx.HTTPTransport.handle_request, "_slot_fault", False):
+        return
+    sync_send, async_send = httpx.HTTPTransport.handle_request, httpx.AsyncHTTPTransport.handle_async_request
+
+    def handle_request(self, request):
+        return _faulted(request) or sync_send(self, request)
+
+    async def handle_async_request(self, request):
+        return _faulted(request) or await async_send(self, request)
+
+    handle_request._slot_fault = handle_async_request._slot_fault = True
+    httpx.HTTPTransport.handle_request = handle_request
+    httpx.AsyncHTTPTransport.handle_async_request = handle_async_request
+
+
+def patch_transports(monkeypatch, answer: str, until: float, path: str = LIMIT_PATHS) -> dict[str, Any]:
+    """`install` for one test: the transports and the state are restored when it ends."""
+    import httpx
+
+    monkeypatch.setattr(httpx.HTTPTransport, "handle_request", httpx.HTTPTransport.handle_request)
+    monkeypatch.setattr(httpx.AsyncHTTPTransport, "handle_async_request",
+                        httpx.AsyncHTTPTransport.handle_async_request)
+    monkeypatch.setitem(state, "answer", None)
+    install(answer, until, path)
+    return state
+
+
+def holder(api_url: str, name: str, size: int, answer: str, until: float, wait_s: float, hold_s: float,
+           results) -> None:
+    """One process holding every slot of the limit `name` for `hold_s` seconds, against a server whose limit calls
+    fail until `until`; puts (pid, backend, start, end) when it held them, or (pid, "error", message) on `results`."""
+    import os
+
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    install(answer, until)
+    try:
+        with temporary_settings({PREFECT_API_URL: api_url, PREFECT_CLIENT_MAX_RETRIES: 0}):
+            from infra.provision import SlotPool
+
+            pool = SlotPool(size, name, wait_s=wait_s)
+            with pool.take(size):
+                start = time.time()
+                time.sleep(hold_s)
+                end = time.time()
+        results.put((os.getpid(), pool.backend, start, end))
+    except Exception as err:  # noqa: BLE001 - the parent asserts on it
+        results.put((os.getpid(), "error", f"{type(err).__name__}: {err}"))
