@@ -17,27 +17,34 @@ ANSWERS = {"500": (500, {"exception_message": "Internal Server Error"}),
 LIMIT_PATHS = r"/v2/concurrency_limits"
 ACQUIRE_PATH = r"/v2/concurrency_limits/increment-with-lease"
 
-#: the fault in force in this process: answer, path pattern, deadline (time.time()), requests answered so far
-state: dict[str, Any] = {"answer": None, "path": None, "until": 0.0, "faulted": 0}
+#: the fault in force in this process: answer, path pattern, deadline (time.time()) or a duration counted from the
+#: first request it answers (`for_s`; `first`: when that was), requests answered so far
+state: dict[str, Any] = {"answer": None, "path": None, "until": 0.0, "for_s": None, "first": None, "faulted": 0}
 
 
 def _faulted(request) -> Any:
     import httpx
 
-    if state["answer"] is None or time.time() >= state["until"] or not re.search(state["path"], request.url.path):
+    if state["answer"] is None or not re.search(state["path"], request.url.path):
+        return None
+    now = time.time()
+    if state["for_s"] is not None and state["first"] is None:
+        state.update(first=now, until=now + state["for_s"])
+    if now >= state["until"]:
         return None
     state["faulted"] += 1
     code, body = ANSWERS[state["answer"]]
     return httpx.Response(code, json=body, request=request)
 
 
-def install(answer: str, until: float, path: str = LIMIT_PATHS) -> None:
-    """From now until `until` (time.time(), so a deadline means the same in every process), requests to `path`
-    (a regex on the URL path) are answered `answer` (a key of `ANSWERS`); `until=inf`: for good. Patches the httpx
-    transports for the rest of the process (tests undo it with `patch_transports(monkeypatch)` instead)."""
+def install(answer: str, until: float = 0.0, path: str = LIMIT_PATHS, for_s: float | None = None) -> None:
+    """From now until `until` (time.time(), so a deadline means the same in every process), or for `for_s` seconds
+    from the first request it answers, requests to `path` (a regex on the URL path) are answered `answer` (a key of
+    `ANSWERS`); `until=inf`: for good. Patches the httpx transports for the rest of the process (tests undo it with
+    `patch_transports(monkeypatch)` instead)."""
     import httpx
 
-    state.update(answer=answer, until=until, path=path, faulted=0)
+    state.update(answer=answer, until=until, path=path, for_s=for_s, first=None, faulted=0)
     if getattr(httpx.HTTPTransport.handle_request, "_slot_fault", False):
         return
     sync_send, async_send = httpx.HTTPTransport.handle_request, httpx.AsyncHTTPTransport.handle_async_request
@@ -53,7 +60,8 @@ def install(answer: str, until: float, path: str = LIMIT_PATHS) -> None:
     httpx.AsyncHTTPTransport.handle_async_request = handle_async_request
 
 
-def patch_transports(monkeypatch, answer: str, until: float, path: str = LIMIT_PATHS) -> dict[str, Any]:
+def patch_transports(monkeypatch, answer: str, until: float = 0.0, path: str = LIMIT_PATHS,
+                     for_s: float | None = None) -> dict[str, Any]:
     """`install` for one test: the transports and the state are restored when it ends."""
     import httpx
 
@@ -61,7 +69,7 @@ def patch_transports(monkeypatch, answer: str, until: float, path: str = LIMIT_P
     monkeypatch.setattr(httpx.AsyncHTTPTransport, "handle_async_request",
                         httpx.AsyncHTTPTransport.handle_async_request)
     monkeypatch.setitem(state, "answer", None)
-    install(answer, until, path)
+    install(answer, until, path, for_s)
     return state
 
 

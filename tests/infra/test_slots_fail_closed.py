@@ -175,3 +175,118 @@ def test_two_processes_never_hold_one_slot_while_the_server_fails(prefect_server
     refused = run_holders(url, limit_name("two-procs-down"), ["500", "locked"], math.inf, 1.5, 1.5)
     assert [r[1] for r in refused] == ["error", "error"], refused
     assert all(r[2].startswith("SlotsUnavailable: ") for r in refused), refused
+
+
+# ---------------------------------------------------------------------------------- a job and a round that cannot
+@pytest.fixture()
+def never_trains(monkeypatch):
+    """Record any worker start (and refuse it, so a test of a job that must not start stays fast if one does)."""
+    from tasks.training import PrefectJobHooks
+
+    started: list[str] = []
+
+    def start_worker(self, spec):
+        started.append(spec.job)
+        raise AssertionError(f"{spec.job} started a worker")
+
+    monkeypatch.setattr(PrefectJobHooks, "start_worker", start_worker)
+    return started
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [slot_faults.LIMIT_PATHS, slot_faults.ACQUIRE_PATH], ids=["provision", "acquire"])
+def test_a_job_without_slots_ends_failed_with_the_reason_nothing_trained_nothing_charged(
+        path, prefect_server, mlflow_store, tmp_path, monkeypatch, never_trains):
+    """`rlhf-job` on a server whose limit calls (all of them, or only the acquisition) answer 500 for good: the flow
+    run fails with `SlotsUnavailable` (the limit and the server named), its MLflow run is FAILED as a platform fault
+    with that reason, no worker started, no step ran, nothing was charged (before: the job trained to the end on a
+    private semaphore, tag `slots_backend: local`)."""
+    from flows.rlhf_job import rlhf_job
+    from infra import provision
+    from infra import tracking as T
+    from training.lifecycle import JOB_DONE
+
+    monkeypatch.setattr(provision, "_slot_pools", {})  # a pool made earlier in the session would not ask the server
+    monkeypatch.setenv("RLHFOPS_SLOTS_WAIT_S", "1")
+    fault = slot_faults.patch_transports(monkeypatch, "500", math.inf, path)
+    out = tmp_path / "job"
+    state = rlhf_job(request={"out_root": str(out), "run_dir": ".", "steps": 4, "cluster_gpus": 2},
+                     return_state=True)
+    assert state.is_failed() and fault["faulted"] >= 1
+    assert "SlotsUnavailable" in state.message and f"'{provision.GPU_LIMIT}'" in state.message, state.message
+    assert never_trains == []
+    assert not [p.name for p in out.iterdir() if p.name in ("checkpoints", "metrics.csv", "ledger.csv", JOB_DONE)]
+    run = T.find_run(T.DEFAULT_EXPERIMENT, f"flow/{state.state_details.flow_run_id}")
+    assert run.info.status == "FAILED"
+    tags = run.data.tags
+    assert tags["run_state"].startswith("FAILED") and tags["failure_class"] == "platform_fault"
+    assert "GPU slots unavailable" in tags["reason"]
+    assert not {"cost_usd", "gpu_hours", "steps"} & set(run.data.metrics)  # nothing charged, no step logged
+
+
+@pytest.mark.slow
+def test_a_round_without_slots_fails_before_any_job_and_the_cli_exits_1(prefect_server, mlflow_store, tmp_path,
+                                                                        monkeypatch, never_trains):
+    """A platform round on a server whose limit calls answer 500 for good fails before it starts any job (no warm
+    start built, no job directory, no worker), and `rlhfops platform`'s runner (`run_flow`) prints one line naming
+    the cause and exits 1."""
+    import io
+
+    import typer
+    from rich.console import Console
+
+    import flows.platform_round
+    from rlhfops.commands.flowrun import run_flow
+
+    warmed: list = []
+    monkeypatch.setattr(flows.platform_round, "warm_starts", lambda cfgs: warmed.append(cfgs))
+    monkeypatch.setenv("RLHFOPS_SLOTS_WAIT_S", "1")
+    fault = slot_faults.patch_transports(monkeypatch, "500", math.inf)
+    name, out = limit_name("round"), tmp_path / "round"
+    console = Console(file=io.StringIO(), width=400)
+    with pytest.raises(typer.Exit) as done:
+        run_flow(console, flows.platform_round.platform_round, "platform round",
+                 jobs=[{"tenant": "acme", "name": "a"}, {"tenant": "globex", "name": "b"}], slots=1, steps=4,
+                 out_dir=str(out), cache_dir=str(tmp_path / "cache"), slot_limit=name, retry_delay_s=0.1)
+    assert done.value.exit_code == 1 and fault["faulted"] >= 1
+    said = console.file.getvalue()
+    assert "platform round failed" in said and "SlotsUnavailable" in said and name in said, said
+    assert warmed == [] and never_trains == []
+    assert not out.exists() or not [p for p in out.iterdir() if p.is_dir()]
+
+
+@pytest.mark.slow
+def test_a_job_waits_out_a_failing_server_then_trains_on_its_slots(prefect_server, mlflow_store, tmp_path,
+                                                                   monkeypatch, warm_start_cache, tiny_platform_job):
+    """`rlhf-job` whose first 3 s of limit calls are answered 500: it waits, then starts its worker after
+    the server recovered, holding its slot on the server's limit, and trains to the end."""
+    import pandas as pd
+
+    from flows.nightly_check import nightly_job_config
+    from flows.rlhf_job import rlhf_job
+    from infra import provision
+    from infra import tracking as T
+    from tasks.training import PrefectJobHooks
+
+    monkeypatch.setattr(provision, "_slot_pools", {})
+    monkeypatch.setenv("RLHFOPS_SLOTS_WAIT_S", "120")
+    started = []  # (when, the server's active slots) as the worker starts
+    start_worker = PrefectJobHooks.start_worker
+
+    def recording_start(self, spec):
+        started.append((time.time(), read_limit(provision.GPU_LIMIT).active_slots))
+        return start_worker(self, spec)
+
+    monkeypatch.setattr(PrefectJobHooks, "start_worker", recording_start)
+    fault = slot_faults.patch_transports(monkeypatch, "500", for_s=3.0)  # from the job's first limit request
+    out = tmp_path / "job"
+    state = rlhf_job(request={"config": nightly_job_config(4, str(warm_start_cache)), "overrides": tiny_platform_job,
+                              "out_root": str(out), "run_dir": ".", "cluster_gpus": 1, "detector": None},
+                     return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert fault["faulted"] >= 1 and summary["state"] == "SUCCEEDED"
+    (when, active), = started
+    assert when >= fault["until"] and active == 1  # after the fault, on the server's one slot
+    assert list(pd.read_csv(out / "metrics.csv").step) == [1, 2, 3, 4]
+    assert T.client().get_run(summary["run_id"]).data.tags["slots_backend"] == "prefect"
