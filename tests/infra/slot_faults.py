@@ -73,24 +73,26 @@ def patch_transports(monkeypatch, answer: str, until: float = 0.0, path: str = L
     return state
 
 
-def holder(api_url: str, name: str, size: int, answer: str, until: float, wait_s: float, hold_s: float,
+def holder(api_url: str, name: str, size: int, answer: str, for_s: float, wait_s: float, hold_s: float, together,
            results) -> None:
     """One process holding every slot of the limit `name` for `hold_s` seconds, against a server whose limit calls
-    fail until `until`; puts (pid, backend, start, end) when it held them, or (pid, "error", message) on `results`."""
+    fail for `for_s` seconds from the first one; it starts when the others passed the barrier `together` too. Puts
+    (pid, backend, start, end, faulted) when it held the slots, or (pid, "error", message, faulted) on `results`."""
     import os
 
     from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-    install(answer, until)
+    from infra.provision import SlotPool
+
+    install(answer, path=LIMIT_PATHS, for_s=for_s)
     try:
         with temporary_settings({PREFECT_API_URL: api_url, PREFECT_CLIENT_MAX_RETRIES: 0}):
-            from infra.provision import SlotPool
-
+            together.wait(timeout=120)
             pool = SlotPool(size, name, wait_s=wait_s)
             with pool.take(size):
                 start = time.time()
                 time.sleep(hold_s)
                 end = time.time()
-        results.put((os.getpid(), pool.backend, start, end))
+        results.put((os.getpid(), pool.backend, start, end, state["faulted"]))
     except Exception as err:  # noqa: BLE001 - the parent asserts on it
-        results.put((os.getpid(), "error", f"{type(err).__name__}: {err}"))
+        results.put((os.getpid(), "error", f"{type(err).__name__}: {err}", state["faulted"]))

@@ -146,11 +146,11 @@ def test_a_pool_fails_closed_when_the_server_does_not_recover(answer, prefect_se
 
 
 # ------------------------------------------------------------------------------ two processes, a faulty server
-def run_holders(api_url: str, name: str, answers: list[str], until: float, wait_s: float, hold_s: float) -> list:
+def run_holders(api_url: str, name: str, answers: list[str], for_s: float, wait_s: float, hold_s: float) -> list:
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=slot_faults.holder, args=(api_url, name, 2, a, until, wait_s, hold_s, results))
-             for a in answers]
+    results, together = ctx.Queue(), ctx.Barrier(len(answers))
+    procs = [ctx.Process(target=slot_faults.holder,
+                         args=(api_url, name, 2, a, for_s, wait_s, hold_s, together, results)) for a in answers]
     for p in procs:
         p.start()
     out = [results.get(timeout=240) for _ in procs]
@@ -161,19 +161,19 @@ def run_holders(api_url: str, name: str, answers: list[str], until: float, wait_
 
 @pytest.mark.slow
 def test_two_processes_never_hold_one_slot_while_the_server_fails(prefect_server):
-    """Two processes, each holding both slots of one limit for 1.5 s, start while the server's limit calls fail (one
-    sees 500s, the other "database is locked") for 3 s: both wait, both end on the server's limit, and their held
-    intervals do not overlap. Before, each fell back to its own semaphore and both held the slots at once. When the
-    server never recovers, neither holds anything."""
+    """Two processes, started together, each holding both slots of one limit for 2 s, while the server's limit calls
+    fail (one sees 500s, the other "database is locked") for their first 3 s: both wait, both end on the server's
+    limit, and their held intervals do not overlap. Before, each fell back to its own semaphore and both held the
+    slots at once. When the server never recovers, neither holds anything."""
     from prefect.settings import PREFECT_API_URL
 
     url = PREFECT_API_URL.value()
-    held = run_holders(url, limit_name("two-procs"), ["500", "locked"], time.time() + 3.0, 60, 1.5)
-    assert [r[1] for r in held] == ["prefect", "prefect"], held
+    held = run_holders(url, limit_name("two-procs"), ["500", "locked"], 3.0, 60, 2.0)
+    assert [r[1] for r in held] == ["prefect", "prefect"] and all(r[4] >= 1 for r in held), held
     assert max_overlap([(r[2], r[3]) for r in held]) == 1, held
 
-    refused = run_holders(url, limit_name("two-procs-down"), ["500", "locked"], math.inf, 1.5, 1.5)
-    assert [r[1] for r in refused] == ["error", "error"], refused
+    refused = run_holders(url, limit_name("two-procs-down"), ["500", "locked"], math.inf, 3, 2.0)
+    assert [r[1] for r in refused] == ["error", "error"] and all(r[3] >= 2 for r in refused), refused
     assert all(r[2].startswith("SlotsUnavailable: ") for r in refused), refused
 
 
