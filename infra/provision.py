@@ -328,6 +328,12 @@ def slots_wait_s() -> float:
     return value
 
 
+def check_slot_settings() -> tuple[str, float]:
+    """`RLHFOPS_SLOTS` and `RLHFOPS_SLOTS_WAIT_S`, checked (a bad one is `BadInput` naming it): for an entry point to
+    call before it starts any work."""
+    return slots_backend(), slots_wait_s()
+
+
 def _slot_timeout_error() -> type[BaseException]:
     """What `concurrency(..., timeout_seconds=...)` raises when the slots stayed taken: an answer, not a fault."""
     try:

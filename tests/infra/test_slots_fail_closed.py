@@ -55,6 +55,34 @@ def test_a_bad_slot_setting_is_one_line_naming_it(env, value, monkeypatch):
     assert line.startswith(f"{env}: '{value}'") and "\n" not in line, line
 
 
+def test_a_bad_slot_setting_stops_the_platform_command_before_any_work(tmp_path, capsys, monkeypatch):
+    """`rlhfops platform` with a bad `RLHFOPS_SLOTS`: exit 2, one line naming it, no server started."""
+    from cli_helpers import run_cli, tripwire
+
+    import rlhfops.commands.flowrun as flowrun
+
+    monkeypatch.setattr(flowrun, "start_prefect_api", tripwire)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLHFOPS_SLOTS", "shared")
+    code, lines = run_cli(["platform", "--steps", "4"], capsys, monkeypatch)
+    assert code == 2 and lines == ["error: RLHFOPS_SLOTS: 'shared' is not one of prefect, local (unset it to hold "
+                                   "GPU slots on the Prefect server's concurrency limit)"], lines
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_bad_slot_setting_fails_the_job_before_its_run_is_opened(prefect_server, mlflow_store, tmp_path,
+                                                                   monkeypatch):
+    from flows.rlhf_job import rlhf_job
+    from infra import tracking as T
+
+    monkeypatch.setenv("RLHFOPS_SLOTS_WAIT_S", "a minute")
+    state = rlhf_job(request={"out_root": str(tmp_path / "jobs"), "run_dir": "."}, return_state=True)
+    assert state.is_failed() and "RLHFOPS_SLOTS_WAIT_S: 'a minute'" in state.message, state.message
+    assert not (tmp_path / "jobs").exists()
+    assert T.find_run(T.DEFAULT_EXPERIMENT, f"flow/{state.state_details.flow_run_id}") is None
+
+
 def test_the_local_pool_only_when_the_user_chose_it(monkeypatch):
     """`RLHFOPS_SLOTS=local`: a semaphore of this process, said so, with no request to any server (the API here is
     a closed port: provisioning on it would fail)."""
@@ -73,7 +101,7 @@ def test_the_local_pool_only_when_the_user_chose_it(monkeypatch):
 
 def test_an_unreachable_server_fails_closed_naming_it(monkeypatch):
     """No server at all (a closed port): after the wait, `SlotsUnavailable` names the server and the limit; no pool
-    falls back to a semaphore (before: backend "local", and the job started)."""
+    falls back to a semaphore (a fallback would say backend "local" and start the job)."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from infra import provision
@@ -163,8 +191,8 @@ def run_holders(api_url: str, name: str, answers: list[str], for_s: float, wait_
 def test_two_processes_never_hold_one_slot_while_the_server_fails(prefect_server):
     """Two processes, started together, each holding both slots of one limit for 2 s, while the server's limit calls
     fail (one sees 500s, the other "database is locked") for their first 3 s: both wait, both end on the server's
-    limit, and their held intervals do not overlap. Before, each fell back to its own semaphore and both held the
-    slots at once. When the server never recovers, neither holds anything."""
+    limit, and their held intervals do not overlap (a per-process fallback would let both hold the slots at
+    once). When the server never recovers, neither holds anything."""
     from prefect.settings import PREFECT_API_URL
 
     url = PREFECT_API_URL.value()
@@ -199,7 +227,7 @@ def test_a_job_without_slots_ends_failed_with_the_reason_nothing_trained_nothing
         path, prefect_server, mlflow_store, tmp_path, monkeypatch, never_trains):
     """`rlhf-job` on a server whose limit calls (all of them, or only the acquisition) answer 500 for good: the flow
     run fails with `SlotsUnavailable` (the limit and the server named), its MLflow run is FAILED as a platform fault
-    with that reason, no worker started, no step ran, nothing was charged (before: the job trained to the end on a
+    with that reason, no worker started, no step ran, nothing was charged (a fallback would train it to the end on a
     private semaphore, tag `slots_backend: local`)."""
     from flows.rlhf_job import rlhf_job
     from infra import provision
