@@ -378,7 +378,7 @@ class SlotPool:
                     # thread or process created the limit in between. Upserting again finds it (and resizes it).
                     c.upsert_global_concurrency_limit_by_name(self.name, self.size)
 
-        self._until_held("create the limit", upsert)
+        self._until_held("create or resize the limit", upsert)
 
     def _until_held(self, what: str, request: Callable[[float | None], Any], timeout_s: float | None = None) -> Any:
         """`request(timeout left)` until it succeeds, retried with backoff for `wait_s` seconds on any error but a

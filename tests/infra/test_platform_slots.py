@@ -88,7 +88,7 @@ def test_prefect_limit_serialises_two_holders_that_need_every_slot(prefect_serve
     def holds_slots(label: str, n: int) -> None:
         try:
             pool = SlotPool(size, name)
-            assert pool.backend == "prefect", pool.reason
+            assert pool.backend == "prefect", pool.describe()
             with pool.take(n):
                 start = time.time()
                 if n < size:  # control: wait inside the slots until the other holder is inside too
@@ -140,7 +140,7 @@ def test_pools_provisioned_at_the_same_moment_all_share_the_prefect_limit(prefec
         t.start()
     for t in threads:
         t.join()
-    assert [p.backend for p in pools] == ["prefect"] * n, [p.reason for p in pools]
+    assert [p.backend for p in pools] == ["prefect"] * n, [p.describe() for p in pools]
     with get_client(sync_client=True) as c:
         assert c.read_global_concurrency_limit_by_name(name).limit == size
 
