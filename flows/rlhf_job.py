@@ -21,7 +21,7 @@ from prefect import flow
 from common.config import flatten
 from flows import progress
 from infra import tracking as T
-from infra.provision import gpu_slots
+from infra.provision import check_slot_settings, gpu_slots
 from tasks.retry import backoff
 from tasks.timing import clock
 from tasks.tracking import error_tags, parent_run
@@ -76,6 +76,7 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
 
     request, internals = parse_request(request), parse_internals(internals)
     checked = request.checked()  # everything, before the run directory is taken or a slot is asked for
+    check_slot_settings()  # RLHFOPS_SLOTS, RLHFOPS_SLOTS_WAIT_S: a bad one is bad input, found here
     ledger = Ledger(load_prices(request.prices))
     tenant, name, job, out = request.tenant, request.name, request.job, request.out_dir
     paused = checked.paused

@@ -10,8 +10,10 @@
   sized to the cores. Under Ray the work runs inline in the Ray worker.
 - GPU worker slots: a Prefect global concurrency limit (`gpu-slots`) sized to the cluster; a job holds
   `occupy=n_gpus` slots while it trains (`strict=True`: a missing limit is an error, not a silent no-op).
-  If the limit cannot be created on the server in use, an explicit in-process slot pool (a counting
-  semaphore with the same size) takes its place and `SlotPool.backend` says so.
+  They fail closed: a server that cannot create, resize or grant the limit is retried with backoff for
+  `RLHFOPS_SLOTS_WAIT_S` (default 60 s), then `SlotsUnavailable` is raised and nothing starts. A private
+  in-process pool (a counting semaphore of the same size, shared with no other process) only when the user
+  chooses it with `RLHFOPS_SLOTS=local`; `SlotPool.backend` says which holds the slots.
 - Heartbeats: `no_heartbeats()` for subflows and temporary-server runs (see there).
 - Work pools: `local-process` (type process) for local deployments; a Kubernetes work pool whose base
   job template (`infra/k8s/gpu-base-job-template.json`) requests `nvidia.com/gpu`.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import multiprocessing as mp
 import os
 import re
@@ -283,42 +286,128 @@ def _replace_broken_pool(pool: ProcessPoolExecutor) -> None:
 # GPU worker slots
 
 
+#: `RLHFOPS_SLOTS`: what holds the GPU slots. `prefect` (default): the Prefect global concurrency limit on the API in
+#: use (the temporary server's when `PREFECT_API_URL` is unset), shared by every process that talks to it. `local`: a
+#: counting semaphore in this process, shared with no other process (one process on one machine, or a test).
+SLOTS_ENV = "RLHFOPS_SLOTS"
+SLOT_BACKENDS = ("prefect", "local")
+#: `RLHFOPS_SLOTS_WAIT_S`: how long a job retries a server that cannot create, resize or grant the slot limit
+#: before it gives up (`SlotsUnavailable`); a server restart or a burst of SQLite "database is locked" fits in it
+SLOTS_WAIT_ENV = "RLHFOPS_SLOTS_WAIT_S"
+SLOTS_WAIT_S = 60.0
+#: backoff between those retries: 0.5, 1, 2, 4, ... s, at most this
+SLOTS_RETRY_MAX_DELAY_S = 8.0
+
+
+class SlotsUnavailable(RuntimeError):
+    """The Prefect limit that holds the GPU slots could not be created, resized or acquired within the slot wait
+    (`RLHFOPS_SLOTS_WAIT_S`): the job did not start (nothing trained, nothing charged)."""
+
+
+def slots_backend() -> str:
+    """`RLHFOPS_SLOTS`, checked: `prefect` unless the user chose `local`."""
+    raw = os.environ.get(SLOTS_ENV, "").strip() or "prefect"
+    if raw not in SLOT_BACKENDS:
+        raise BadInput(f"{SLOTS_ENV}: '{raw}' is not one of {', '.join(SLOT_BACKENDS)} (unset it to hold GPU slots "
+                       "on the Prefect server's concurrency limit)")
+    return raw
+
+
+def slots_wait_s() -> float:
+    """`RLHFOPS_SLOTS_WAIT_S`, checked (default `SLOTS_WAIT_S`)."""
+    raw = os.environ.get(SLOTS_WAIT_ENV, "").strip()
+    if not raw:
+        return SLOTS_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 86400:
+        raise BadInput(f"{SLOTS_WAIT_ENV}: '{raw}' is not a number of seconds in 0..86400 (how long a job retries "
+                       "the Prefect server for its GPU slots)")
+    return value
+
+
+def check_slot_settings() -> tuple[str, float]:
+    """`RLHFOPS_SLOTS` and `RLHFOPS_SLOTS_WAIT_S`, checked (a bad one is `BadInput` naming it): for an entry point to
+    call before it starts any work."""
+    return slots_backend(), slots_wait_s()
+
+
+def _slot_timeout_error() -> type[BaseException]:
+    """What `concurrency(..., timeout_seconds=...)` raises when the slots stayed taken: an answer, not a fault."""
+    try:
+        from prefect.concurrency._asyncio import AcquireConcurrencySlotTimeoutError
+    except ImportError:  # a Prefect that moved it: its documented base class
+        return TimeoutError
+    return AcquireConcurrencySlotTimeoutError
+
+
 class SlotPool:
     """GPU worker slots. `backend` is "prefect" (a global concurrency limit on the Prefect server, shared by
-    every process that talks to it) or "local" (a counting semaphore in this process: the fallback when the
-    limit cannot be created)."""
+    every process that talks to it) or "local" (a counting semaphore in this process: only when the user chose it,
+    `RLHFOPS_SLOTS=local`, or a caller passed it). A Prefect limit that cannot be created, resized or acquired is
+    retried for `wait_s` seconds (default `RLHFOPS_SLOTS_WAIT_S`), then `SlotsUnavailable`: never a silent fallback
+    to a semaphore other processes do not share (two jobs on one GPU)."""
 
-    def __init__(self, size: int, name: str = GPU_LIMIT, backend: str | None = None):
+    def __init__(self, size: int, name: str = GPU_LIMIT, backend: str | None = None, wait_s: float | None = None):
         if size < 1:
             raise BadInput(f"slots: the pool needs at least one slot (got {size})")
         self.size, self.name = size, name
-        self.reason = ""
-        self.backend = backend or self._provision()
+        self.wait_s = slots_wait_s() if wait_s is None else wait_s
+        self.backend = backend or slots_backend()
+        if self.backend not in SLOT_BACKENDS:
+            raise BadInput(f"slots: backend '{self.backend}' is not one of {', '.join(SLOT_BACKENDS)}")
+        if self.backend == "prefect":
+            self._provision()
         self._cond = threading.Condition()
         self._free = size
         self.waits: list[float] = []
 
-    def _provision(self) -> str:
-        try:
-            from prefect.client.orchestration import get_client
-            from prefect.exceptions import ObjectAlreadyExists
+    def _provision(self) -> None:
+        """Create the limit on the server, or resize it to this pool's size."""
+        from prefect.client.orchestration import get_client
+        from prefect.exceptions import ObjectAlreadyExists
 
-            def upsert() -> None:
-                with get_client(sync_client=True) as c:
-                    try:
-                        c.upsert_global_concurrency_limit_by_name(self.name, self.size)
-                    except ObjectAlreadyExists:
-                        # Prefect's upsert is a read, then a create: a pool provisioned at the same moment in another
-                        # thread or process created the limit in between. Upserting again finds it (and resizes it)
-                        # instead of falling back to a local semaphore that the other pool does not share.
-                        c.upsert_global_concurrency_limit_by_name(self.name, self.size)
+        def upsert(_timeout_s: float | None = None) -> None:
+            with get_client(sync_client=True) as c:
+                try:
+                    c.upsert_global_concurrency_limit_by_name(self.name, self.size)
+                except ObjectAlreadyExists:
+                    # Prefect's upsert is a read, then a create: a pool provisioned at the same moment in another
+                    # thread or process created the limit in between. Upserting again finds it (and resizes it).
+                    c.upsert_global_concurrency_limit_by_name(self.name, self.size)
 
-            # a server restarting is waited out, not taken for a server that cannot hold the limit
-            retry_unreachable(upsert)
-            return "prefect"
-        except Exception as err:  # noqa: BLE001 - any server that cannot hold the limit means the fallback
-            self.reason = f"{type(err).__name__}: {err}"
-            return "local"
+        self._until_held("create or resize the limit", upsert)
+
+    def _until_held(self, what: str, request: Callable[[float | None], Any], timeout_s: float | None = None) -> Any:
+        """`request(timeout left)` until it succeeds, retried with backoff for `wait_s` seconds on any error but a
+        slot timeout (the slots stayed taken for `timeout_s`: propagated), the last attempt at `wait_s`; then
+        `SlotsUnavailable`, one line naming the server, the limit and the last error. One attempt can take longer
+        than the backoff: an unreachable API is waited out for its own outage budget (`retry_unreachable`), and
+        Prefect's client retries a 503 (a locked database) itself before it answers."""
+        timeout_error = _slot_timeout_error()
+        t0, delay, attempts = time.monotonic(), 0.5, 0
+        while True:
+            attempts += 1
+            left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - t0))
+            try:
+                return retry_unreachable(functools.partial(request, left))
+            except (BadInput, timeout_error):
+                raise
+            except Exception as err:  # noqa: BLE001 - every other error leaves the limit unheld: retried, then fatal
+                waited = time.monotonic() - t0
+                cause = f"{type(err).__name__}: {err}".replace("\n", " ")
+                if waited >= self.wait_s:
+                    raise SlotsUnavailable(
+                        f"GPU slots unavailable: could not {what} '{self.name}' ({self.size} slots) on the Prefect "
+                        f"server at {api_label()} in {waited:.1f} s ({attempts} attempts; {SLOTS_WAIT_ENV}="
+                        f"{self.wait_s:g}); last error {cause[:300]}; the job did not start") from err
+                delay = min(delay, self.wait_s - waited)  # the last attempt at the bound
+                _log().warning("GPU slots: could not %s '%s' (%s); retrying in %.1f s", what, self.name, cause[:300],
+                               delay)
+                time.sleep(delay)
+                delay = min(delay * 2, SLOTS_RETRY_MAX_DELAY_S)
 
     @contextmanager
     def take(self, n: int = 1, timeout_s: float | None = None) -> Iterator[float]:
@@ -332,9 +421,10 @@ class SlotPool:
             from prefect.concurrency.sync import concurrency
 
             with ExitStack() as held:
-                # the acquisition is a fresh client's request: a server restart made it ConcurrencySlotAcquisitionError
-                retry_unreachable(lambda: held.enter_context(
-                    concurrency(self.name, occupy=n, timeout_seconds=timeout_s, strict=True)))
+                # a fresh client's request each time: a server restart made it ConcurrencySlotAcquisitionError, a
+                # 5xx or a locked database the same; retried for `wait_s`, then the job fails without starting
+                self._until_held("acquire slots of the limit", lambda left: held.enter_context(
+                    concurrency(self.name, occupy=n, timeout_seconds=left, strict=True)), timeout_s)
                 wait = time.perf_counter() - t0
                 self.waits.append(wait)
                 yield wait
@@ -359,23 +449,40 @@ class SlotPool:
     def describe(self) -> str:
         if self.backend == "prefect":
             return f"{self.size} GPU slots (Prefect global concurrency limit '{self.name}')"
-        return f"{self.size} GPU slots (local slot pool: the Prefect limit could not be created: {self.reason})"
+        return f"{self.size} GPU slots (local slot pool, {SLOTS_ENV}=local: this process only)"
 
 
-_slot_pools: dict[tuple[str, str | None], SlotPool] = {}
+def api_label() -> str:
+    """The Prefect API this process uses, for a message: its URL, or the temporary server's."""
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().api.url
+    if url:
+        return str(url)
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer._instances.get(None)
+    return f"{server.api_url} (temporary)" if server is not None and server.running else "the temporary server"
+
+
+_slot_pools: dict[tuple[str, str | None, str], SlotPool] = {}
+#: not `_pool_lock`: provisioning may wait `RLHFOPS_SLOTS_WAIT_S` for the server, the compute pool must not
+_slot_pools_lock = threading.Lock()
 
 
 def gpu_slots(size: int, name: str = GPU_LIMIT) -> SlotPool:
-    """The process's slot pool of that name on the Prefect API in use (one per name and API, so concurrent jobs
-    in this process share it); the Prefect limit is (re)sized to `size` on first use. Keyed by the API too: a
-    pool provisioned on one server holds no limit on another (a process that switched servers waited forever)."""
+    """The process's slot pool of that name on the Prefect API in use (one per name, API and backend, so concurrent
+    jobs in this process share it); the Prefect limit is (re)sized to `size` on first use. Keyed by the API too: a
+    pool provisioned on one server holds no limit on another (a process that switched servers waited forever).
+    Raises `SlotsUnavailable` when the server cannot hold the limit (nothing is kept: the next call tries again)."""
     from prefect.settings import PREFECT_API_URL
 
-    key = (name, PREFECT_API_URL.value())
-    with _pool_lock:
+    backend = slots_backend()
+    key = (name, PREFECT_API_URL.value(), backend)
+    with _slot_pools_lock:
         pool = _slot_pools.get(key)
         if pool is None or pool.size != size:
-            pool = _slot_pools[key] = SlotPool(size, name)
+            pool = _slot_pools[key] = SlotPool(size, name, backend)
         return pool
 
 

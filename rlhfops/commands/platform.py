@@ -49,6 +49,9 @@ def register(app: typer.Typer) -> None:
             parse_scheduler(scheduler)
         except ValueError as err:
             raise BadInput(f"scheduler: {err}") from None
+        from infra.provision import check_slot_settings
+
+        check_slot_settings()
         check_out_dir(out, "out")
         check_out_dir(cache_dir, "cache_dir")
         job_list = None
