@@ -298,8 +298,9 @@ def train_memory_bytes(cfg: TrainConfig) -> float:
     training: per-layer activations of one micro-batch (at most MICRO_BATCH_TOKENS tokens, or one whole sequence;
     about 14 hidden + 2 intermediate floats per token, plus the heads x positions x positions attention scores),
     for actor and critic, plus the actor's logits (logits, log-softmax and their gradient: 3 x vocabulary floats
-    per token). Activations take 2 bytes a float under `dtype: bfloat16`, 4 under float32; the rest is counted at
-    float32 whatever the dtype (an over-estimate where weights or optimiser state are held in bf16)."""
+    per token). Key/value caches and activations take 2 bytes a float under `dtype: bfloat16`, 4 under float32; the
+    weights term stays at float32 whatever the dtype: the trainable models keep float32 weights, gradients and AdamW
+    moments (docs/training.md), and the frozen ones in bfloat16 plus autocast's copies fit in what it allows."""
     positions = PROMPT_POSITIONS + 2 * cfg.ppo.max_new_tokens
     weights = 0.0
     kv = 0.0
@@ -315,7 +316,7 @@ def train_memory_bytes(cfg: TrainConfig) -> float:
         if mc.model_name_or_path:
             continue  # a checkpoint's size is its own; not estimated here
         weights += 20.0 * parameter_count(mc, positions, vocab)
-        kv += 2 * 2.0 * mc.num_layers * mc.kv_dim * positions * in_flight * 4
+        kv += 2 * 2.0 * mc.num_layers * mc.kv_dim * positions * in_flight * act_bytes
         per_token = 14 * mc.hidden_size + 2 * mc.intermediate_size + mc.num_heads * positions
         act += 2 * act_bytes * micro_tokens * mc.num_layers * per_token
     return weights + kv + act

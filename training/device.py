@@ -29,8 +29,6 @@ if TYPE_CHECKING:
     import torch
 
 DTYPES = ("float32", "bfloat16")
-#: bytes per element of the caches and activations by dtype
-ELEMENT_BYTES = {"float32": 4, "bfloat16": 2}
 
 
 def cuda_absent_reason() -> str | None:
@@ -104,19 +102,11 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 def gpu_memory_bytes(cfg: Any) -> float:
-    """Planned GPU memory of one training process at the config's dtype: `training.config.train_memory_bytes` (the
-    float32 estimate) with its caches and activations at bfloat16's width when `dtype: bfloat16`. The weights term
-    stays: the trainable models keep float32 weights, gradients and AdamW moments, and the frozen ones in bfloat16
-    plus autocast's bfloat16 weight copies of the trainable ones take no more than the float32 estimate allows."""
-    from training.config import PROMPT_POSITIONS, parameter_count, train_memory_bytes
+    """Planned GPU memory of one training process at the config's dtype: `training.config.train_memory_bytes`, the
+    one estimate (its caches and activations at the dtype's width, float32 weights and optimiser state)."""
+    from training.config import train_memory_bytes
 
-    total = train_memory_bytes(cfg)
-    if cfg.dtype == "float32":
-        return total
-    positions = PROMPT_POSITIONS + 2 * cfg.ppo.max_new_tokens
-    weights = sum(20.0 * parameter_count(mc, positions) for mc in (cfg.policy, cfg.reward)
-                  if not mc.model_name_or_path)
-    return weights + (total - weights) * ELEMENT_BYTES[cfg.dtype] / 4
+    return train_memory_bytes(cfg)
 
 
 def check_gpu_memory(cfg: Any, device: torch.device) -> None:
