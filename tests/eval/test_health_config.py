@@ -143,3 +143,22 @@ def test_canary_profile_overlays_windows_and_is_validated(tmp_path):
     path = write(tmp_path, lambda r: r["profiles"]["canary"]["dead_run"].update(windw=3))
     with pytest.raises(BadInput, match="'profiles.canary.dead_run.windw'"):
         load_alerts_config(path)
+
+
+def test_ppo_kl_blowup_leaves_a_healthy_climb_to_half_the_ceiling_and_pages_a_runaway():
+    """The per-sequence KL of the default round's healthy job at config seed 2 (recorded: a climb of about 0.17 a
+    step to 3.4, half the PPO ceiling of 6.0) does not page; a run that crosses the ceiling for two steps does, at
+    the second (hand-read from the series)."""
+    from types import SimpleNamespace
+
+    from eval.health import Catalog
+
+    healthy = [0.0, 0.0, 0.0, 0.1, 1.1, 0.3, 0.8, 1.6, 2.0, 2.1, 1.2, 1.9, 2.2, 2.8, 2.9, 3.0, 3.4, 3.0, 2.3, 2.2,
+               2.6, 2.9, 3.1, 3.0]
+    runaway = [0.0, 0.1, 0.6, 1.8, 2.6, 2.4, 7.3, 8.5]
+    alert = Catalog.from_file(None, algorithm="ppo").alerts["kl_blowup"]
+    for series, fires_at in ((healthy, None), (runaway, 8)):
+        mon = alert.start()
+        fired = [step for step, kl in enumerate(series, 1)
+                 if mon.observe(SimpleNamespace(step=step, kl=kl))]
+        assert (fired[0] if fired else None) == fires_at, fired
