@@ -185,7 +185,10 @@ class TrainConfig(Strict):
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     oppo: OPPOConfig = Field(default_factory=OPPOConfig)
     fault: FaultConfig = Field(default_factory=FaultConfig)
-    engine: Literal["transformers", "vllm"] = "transformers"
+    #: rollout engine: "transformers" (the chunked KV-cached loop of training/engine.py), "continuous" (inter-step
+    #: overlap on a loop that refills finished rows at every decode step, training/continuous.py; the other modes
+    #: keep the chunked loop), "vllm" (untested, GPU only)
+    engine: Literal["transformers", "continuous", "vllm"] = "transformers"
     checkpoint_every: int = Field(25, ge=1)
     keep_checkpoints: int = Field(0, ge=0, description="0 keeps every checkpoint")
     eval_every: int = Field(10, ge=1, description="steps between gold evaluations on held-out prompts")
