@@ -93,6 +93,10 @@ def test_greedy_equals_plain_loop_and_reference_engine(model, slots):
     exits, steps = run_engine(ContinuousEngine(eos, tok.pad_id, greedy=True), m, items, slots, max_new)
     got = [exits[k].tokens for k in range(len(items))]
     assert got == want
+    for k, (p, c) in enumerate(items):  # and the log-probs it recorded are a full forward's, to float precision
+        ex = exits[k]
+        want_lp = full_logprobs(m, p + ex.tokens, len(p) - c, 1.0)
+        assert torch.allclose(torch.tensor(ex.carried_logprobs + ex.logprobs), want_lp, atol=1e-5), k
     assert all(exits[k].finished for k in exits)
     if slots == 1:  # one row: every step decodes one token of one sequence
         assert steps == sum(len(w) for w in want)
@@ -117,11 +121,12 @@ def full_logprobs(model, ids, start, temperature):
     return lp[start - 1 :]
 
 
-def test_sampled_logprobs_equal_a_full_forward(model):
+@pytest.mark.parametrize("slots", [1, 4])
+def test_sampled_logprobs_equal_a_full_forward(model, slots):
     tok, m = model
     items = _prefixes(tok) * 2
     T = 0.7
-    exits, _ = run_engine(ContinuousEngine(tok.eos_id, tok.pad_id, temperature=T), m, items, 4, 12,
+    exits, _ = run_engine(ContinuousEngine(tok.eos_id, tok.pad_id, temperature=T), m, items, slots, 12,
                           torch.Generator().manual_seed(11))
     for k, (prefix, c) in enumerate(items):
         ex = exits[k]
