@@ -72,6 +72,8 @@ class ContinuousEngine:
         self.eos_id, self.pad_id, self.temperature, self.greedy = eos_id, pad_id, temperature, greedy
         self.model: torch.nn.Module | None = None
         self.version = 0
+        #: model forward calls so far (prefills of entrants + decode steps): on a GPU each costs about one step
+        self.forwards = 0
 
     def sync(self, actor: torch.nn.Module, version: int) -> None:
         self.model, self.version = actor, version
@@ -183,6 +185,7 @@ class ContinuousEngine:
             self.attn = torch.cat([self.attn, torch.ones_like(self.attn[:, :1])], 1)
             pos = torch.where(live, count, torch.zeros_like(count))[:, None]
             count = count + live.long()
+            self.forwards += 1
             out = self.model(input_ids=feed[:, None], attention_mask=self.attn, position_ids=pos,
                              past_key_values=self.cache, use_cache=True)
             next_logits = out.logits[:, -1].float() / self.temperature
@@ -193,6 +196,7 @@ class ContinuousEngine:
         ids, attn = ids.to(dev), attn.to(dev)
         tmp = DynamicCache()
         pos = (attn.cumsum(1) - 1).clamp(min=0)
+        self.forwards += 1
         logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=tmp,
                             use_cache=True).logits.float() / self.temperature
         lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
