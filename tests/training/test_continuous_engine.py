@@ -152,10 +152,11 @@ def test_engine_runs_on_the_model_device_and_leaves_generator_state_reproducible
 # 3. the trainer's inter-step overlap on the continuous engine
 
 
-@pytest.mark.parametrize("overlap", ["inter", "full"])
-def test_inter_step_overlap_on_the_continuous_engine_trains_b_per_step(cache, overlap):
+@pytest.mark.parametrize(("overlap", "advantage"), [("inter", "gae"), ("full", "gae"), ("full", "grpo")])
+def test_inter_step_overlap_on_the_continuous_engine_trains_b_per_step(cache, overlap, advantage):
     cfg = tiny_config(cache, seed=4, n_heldout_prompts=8, engine="continuous", eval_every=100,
-                      ppo={"max_new_tokens": 20}, oppo={"delta_init": 3, "adaptive_delta": False})
+                      ppo={"max_new_tokens": 20, "advantage": advantage, "group_size": 2},
+                      oppo={"delta_init": 3, "adaptive_delta": False})
     tr = Trainer(cfg, overlap)
     assert isinstance(tr.engine, ContinuousEngine)
     actors, seen = {}, {}
@@ -175,6 +176,9 @@ def test_inter_step_overlap_on_the_continuous_engine_trains_b_per_step(cache, ov
     carried = 0
     for step, samples in seen.items():
         assert len({s.seq.uid for s in samples}) == cfg.ppo.batch_size
+        if advantage != "gae":  # whole groups train, members adjacent
+            groups = [s.seq.group for s in samples]
+            assert all(groups.count(g) == 2 for g in groups) and groups == sorted(groups)
         for s in samples:
             resp = s.seq.response_ids
             assert s.seq.finished and len(s.old_logprobs) == len(resp) == len(s.seq.versions)
@@ -187,6 +191,8 @@ def test_inter_step_overlap_on_the_continuous_engine_trains_b_per_step(cache, ov
                 assert torch.allclose(s.behav_logprobs[idx], want[idx], atol=1e-5)
             carried += sum(v < step for v in s.seq.versions)
     assert carried > 0  # some trained response was carried over a step
-    # what is carried: at most the rows in flight, each unfinished below the cap or finished beside the last needed
-    assert len(tr.buffer) <= cfg.ppo.batch_size + 3
+    # what is carried: the unfinished ones, at most the rows in flight plus the rest of the last group drawn, each
+    # below the cap; finished ones (a group's members waiting for the rest, or finishing beside the last needed)
+    slots = (tr.units_per_step + 3) * tr.group_size
+    assert len([s for s in tr.buffer if not s.finished]) <= slots + tr.group_size - 1
     assert all(s.finished or len(s.response_ids) < cfg.ppo.max_new_tokens for s in tr.buffer)
