@@ -196,3 +196,31 @@ def test_inter_step_overlap_on_the_continuous_engine_trains_b_per_step(cache, ov
     slots = (tr.units_per_step + 3) * tr.group_size
     assert len([s for s in tr.buffer if not s.finished]) <= slots + tr.group_size - 1
     assert all(s.finished or len(s.response_ids) < cfg.ppo.max_new_tokens for s in tr.buffer)
+
+
+def test_killed_run_on_the_continuous_engine_resumes_with_identical_metrics(cache, tmp_path):
+    """The carried sequences and the prompt stream survive a checkpoint: a run resumed from step 2 writes the
+    uninterrupted run's metrics (timings aside)."""
+    import csv
+
+    from training.metrics import StepRecord
+
+    cfg = tiny_config(cache, seed=4, n_heldout_prompts=8, engine="continuous", ppo={"max_new_tokens": 20})
+    list(Trainer(cfg, "full", tmp_path / "a").run(4))
+    gen = Trainer(cfg, "full", tmp_path / "b").run(4)
+    for rec in gen:
+        if rec.step == 3:
+            break
+    gen.close()
+    resumed = Trainer(cfg, "full", tmp_path / "b")
+    assert resumed.step == 2 and resumed.buffer  # something was in flight at the checkpoint
+    list(resumed.run(4))
+    timing = {"wall_s", "phase_rollout_s", "phase_score_s", "phase_sync_s", "phase_optim_s", "phase_eval_s"}
+    assert timing <= set(StepRecord(step=0, policy_version=0, reward_mean=0.0).flat())
+
+    def rows(path):
+        with open(path) as f:
+            return [{k: v for k, v in r.items() if k not in timing} for r in csv.DictReader(f)]
+
+    a, b = rows(tmp_path / "a" / "metrics.csv"), rows(tmp_path / "b" / "metrics.csv")
+    assert [r["step"] for r in b] == ["1", "2", "3", "4"] and a == b
