@@ -63,19 +63,21 @@ def generation(tr: Trainer, n: int, max_new: int, slots: int, hf_cb: bool) -> di
     return out
 
 
-def inter_step(tr: Trainer, rollouts: int) -> dict:
+def inter_step(tr: Trainer, rollouts: int, refill_mins: list[int]) -> dict:
     cfg = tr.cfg
     B, delta = tr.units_per_step, tr.delta_ctl.delta
     out = {}
-    for name in ("chunked_sequential", "chunked_inter", "continuous_inter"):
+    names = ["chunked_sequential", "chunked_inter"] + [f"continuous_inter_refill_min_{k}" for k in refill_mins]
+    for name in names:
         tr.prompt_rng = np.random.default_rng([cfg.seed, 404])
         gen = torch.Generator().manual_seed(5)
         buffer = []
         rows = []
         for _ in range(rollouts):
             t = time.perf_counter()
-            if name == "continuous_inter":
-                eng = ContinuousEngine(tr.tok.eos_id, tr.tok.pad_id, cfg.ppo.temperature)
+            if name.startswith("continuous"):
+                eng = ContinuousEngine(tr.tok.eos_id, tr.tok.pad_id, cfg.ppo.temperature,
+                                       refill_min=int(name.rsplit("_", 1)[1]))
                 eng.sync(tr.actor, 0)
                 r = continuous_rollout(eng, tr.scorers, buffer, tr._new_unit, slots=B + delta, pad_id=tr.tok.pad_id,
                                        units_needed=B, max_new_tokens=cfg.ppo.max_new_tokens, generator=gen)
@@ -91,7 +93,7 @@ def inter_step(tr: Trainer, rollouts: int) -> dict:
             wall = time.perf_counter() - t
             buffer = r.deferred
             # model forwards: the chunked loop's prefill plus one per decode step after the first
-            fwd = eng.forwards if name == "continuous_inter" else 1 + max(r.decode_steps - 1, 0)
+            fwd = eng.forwards if name.startswith("continuous") else 1 + max(r.decode_steps - 1, 0)
             rows.append({"wall_s": wall, "forwards": fwd, "decode_s": r.decode_s, "score_s": r.score_s,
                          "decode_steps": r.decode_steps,
                          "tokens": r.tokens_generated, "trained": len(r.samples),
@@ -109,14 +111,22 @@ def main() -> None:
     ap.add_argument("--gen-prompts", type=int, default=32)
     ap.add_argument("--gen-max-new", type=int, default=128)
     ap.add_argument("--hf-cb", action="store_true", help="also time transformers' generate_batch")
+    ap.add_argument("--batch-size", type=int, default=None, help="override ppo.batch_size (B)")
+    ap.add_argument("--refill-min", type=int, nargs="+", default=[1], help="continuous: refill once this many free")
+    ap.add_argument("--delta", type=int, default=None, help="override oppo.delta_init (and delta_max if smaller)")
     args = ap.parse_args()
-    over = {"cache_dir": args.cache_dir} if args.cache_dir else None
+    over = {"cache_dir": args.cache_dir} if args.cache_dir else {}
+    if args.batch_size:
+        over["ppo.batch_size"] = args.batch_size
+    if args.delta is not None:
+        over["oppo.delta_init"] = args.delta
+        over["oppo.delta_max"] = max(args.delta, 16)
     cfg = load_config(args.config, over)
     tr = Trainer(cfg, "inter")
     torch.set_num_threads(cfg.oppo.torch_threads)
     with torch.no_grad():
         res = {"generation": generation(tr, args.gen_prompts, args.gen_max_new, args.gen_prompts // 2, args.hf_cb),
-               "inter_step": inter_step(tr, args.rollouts)}
+               "inter_step": inter_step(tr, args.rollouts, args.refill_min)}
     print(json.dumps(res, indent=1))
 
 

@@ -149,6 +149,9 @@ class OPPOConfig(Strict):
     #: pi_theta/pi_prox, weight pi_prox/pi_behav, tokens whose weight exceeds is_cap dropped)
     correction: Literal["none", "tis", "decoupled"] = "none"
     is_cap: float = Field(2.0, gt=1.0, le=1e4, description="C: importance-weight cap of tis / decoupled")
+    #: engine "continuous": refill free rows only once this many are free (each refill round is one prefill forward,
+    #: about a decode step on a GPU; 1 refills at every step)
+    refill_min: int = Field(1, ge=1, le=65536)
     #: threads for torch intra-op work; with overlap the decode and scorer threads get one core each
     torch_threads: int = Field(2, ge=1, le=1024)
 

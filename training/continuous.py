@@ -68,8 +68,13 @@ class Exit:
 class ContinuousEngine:
     """KV-cached sampling loop that refills finished rows with new sequences at every decode step."""
 
-    def __init__(self, eos_id: int, pad_id: int, temperature: float = 1.0, greedy: bool = False):
+    def __init__(self, eos_id: int, pad_id: int, temperature: float = 1.0, greedy: bool = False,
+                 refill_min: int = 1):
         self.eos_id, self.pad_id, self.temperature, self.greedy = eos_id, pad_id, temperature, greedy
+        #: refill only once this many slots are free (or no row is live): each refill round is one prefill forward,
+        #: which on a GPU costs about a decode step, so batching the refills trades a little occupancy for fewer
+        #: forwards
+        self.refill_min = refill_min
         self.model: torch.nn.Module | None = None
         self.version = 0
         #: model forward calls so far (prefills of entrants + decode steps): on a GPU each costs about one step
@@ -101,7 +106,8 @@ class ContinuousEngine:
             # 1. fill free slots (a finished carried sequence only needs its prefill, not a slot)
             free = [r for r, x in enumerate(rows) if x is None] + list(range(len(rows), slots))
             entrants: list[tuple[int | None, Entrant]] = []
-            while free and not dry:
+            admit = len(free) >= min(self.refill_min, slots) or all(x is None for x in rows)
+            while admit and free and not dry:
                 e = source()
                 if e is None:
                     dry = True

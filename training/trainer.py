@@ -132,7 +132,8 @@ class Trainer:
             self.engine = VLLMEngine(cfg.policy.model_name_or_path, self.tok.eos_id, self.tok.pad_id,
                                      cfg.ppo.temperature)
         elif cfg.engine == "continuous" and self.overcommit:  # inter-step overlap refills rows (training/continuous.py)
-            self.engine = ContinuousEngine(self.tok.eos_id, self.tok.pad_id, cfg.ppo.temperature)
+            self.engine = ContinuousEngine(self.tok.eos_id, self.tok.pad_id, cfg.ppo.temperature,
+                                           refill_min=cfg.oppo.refill_min)
         else:
             self.engine = TransformersEngine(self.tok.eos_id, self.tok.pad_id, cfg.ppo.temperature)
         self.scorers = {"ref": IncrementalScorer(self.ref, "logprob", cfg.ppo.temperature),

@@ -82,15 +82,16 @@ def _eos_with_spread(model, items, max_new):
     return max(first, key=lambda x: (len(first[x]), -x))
 
 
-@pytest.mark.parametrize("slots", [1, 3, 7])
-def test_greedy_equals_plain_loop_and_reference_engine(model, slots):
+@pytest.mark.parametrize(("slots", "refill_min"), [(1, 1), (3, 1), (7, 1), (4, 2)])
+def test_greedy_equals_plain_loop_and_reference_engine(model, slots, refill_min):
     tok, m = model
     items = _prefixes(tok)
     max_new = 14
     eos = _eos_with_spread(m, items, max_new)
     want = [plain_greedy(m, p, c, max_new, eos) for p, c in items]
     assert len({len(w) for w in want}) >= 3  # rows really finish at different steps
-    exits, steps = run_engine(ContinuousEngine(eos, tok.pad_id, greedy=True), m, items, slots, max_new)
+    exits, steps = run_engine(ContinuousEngine(eos, tok.pad_id, greedy=True, refill_min=refill_min), m, items, slots,
+                              max_new)
     got = [exits[k].tokens for k in range(len(items))]
     assert got == want
     for k, (p, c) in enumerate(items):  # and the log-probs it recorded are a full forward's, to float precision
@@ -121,12 +122,13 @@ def full_logprobs(model, ids, start, temperature):
     return lp[start - 1 :]
 
 
-@pytest.mark.parametrize("slots", [1, 4])
-def test_sampled_logprobs_equal_a_full_forward(model, slots):
+@pytest.mark.parametrize(("slots", "refill_min"), [(1, 1), (4, 1), (5, 3)])
+def test_sampled_logprobs_equal_a_full_forward(model, slots, refill_min):
     tok, m = model
     items = _prefixes(tok) * 2
     T = 0.7
-    exits, _ = run_engine(ContinuousEngine(tok.eos_id, tok.pad_id, temperature=T), m, items, slots, 12,
+    engine = ContinuousEngine(tok.eos_id, tok.pad_id, temperature=T, refill_min=refill_min)
+    exits, _ = run_engine(engine, m, items, slots, 12,
                           torch.Generator().manual_seed(11))
     for k, (prefix, c) in enumerate(items):
         ex = exits[k]
@@ -224,3 +226,19 @@ def test_killed_run_on_the_continuous_engine_resumes_with_identical_metrics(cach
 
     a, b = rows(tmp_path / "a" / "metrics.csv"), rows(tmp_path / "b" / "metrics.csv")
     assert [r["step"] for r in b] == ["1", "2", "3", "4"] and a == b
+
+
+def test_refill_min_batches_the_refills_without_changing_the_tokens(model):
+    """Refilling only once 3 slots are free takes fewer prefill forwards (each is one forward; on a GPU each costs
+    about a decode step), and greedy tokens stay the same."""
+    tok, m = model
+    items = _prefixes(tok) * 2
+    eos = _eos_with_spread(m, items, 14)
+    runs = {}
+    for k in (1, 3):
+        engine = ContinuousEngine(eos, tok.pad_id, greedy=True, refill_min=k)
+        exits, steps = run_engine(engine, m, items, 4, 14)
+        runs[k] = ([exits[i].tokens for i in range(len(items))], engine.forwards - steps, steps)
+    assert runs[1][0] == runs[3][0]
+    assert runs[3][1] < runs[1][1]  # fewer refill rounds
+    assert runs[3][2] >= runs[1][2]  # at the price of some idle slots
