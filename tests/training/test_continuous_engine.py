@@ -164,8 +164,11 @@ def test_inter_step_overlap_on_the_continuous_engine_trains_b_per_step(cache, ov
     actors, seen = {}, {}
     real_sync, real_update = tr._sync, tr._ppo_update
 
+    critics = {}
+
     def sync():
         actors[tr.step] = copy.deepcopy(tr.actor).eval()
+        critics[tr.step] = copy.deepcopy(tr.critic).eval() if tr.critic is not None else None
         return real_sync()
 
     def update(samples):
@@ -192,6 +195,18 @@ def test_inter_step_overlap_on_the_continuous_engine_trains_b_per_step(cache, ov
                 want = full_logprobs(actors[v], s.seq.prompt_ids + resp, len(s.seq.prompt_ids), 1.0)
                 assert torch.allclose(s.behav_logprobs[idx], want[idx], atol=1e-5)
             carried += sum(v < step for v in s.seq.versions)
+            # what the scorers gave it: the reference's log-probs, the critic's values and the reward model's score
+            ids = torch.tensor([s.seq.prompt_ids + resp])
+            p = len(s.seq.prompt_ids)
+            assert torch.allclose(s.ref_logprobs, full_logprobs(tr.ref, s.seq.prompt_ids + resp, p, 1.0), atol=1e-5)
+            with torch.no_grad():
+                assert s.score == pytest.approx(float(tr.reward_model(ids).logits[0, 0]), abs=1e-5)
+                if critics[step] is not None:
+                    c = critics[step]
+                    values = c.score(c.base_model(ids).last_hidden_state)[0, p - 1 : p - 1 + len(resp), 0]
+                    assert torch.allclose(s.values, values, atol=1e-5)
+                else:
+                    assert s.values is None
     assert carried > 0  # some trained response was carried over a step
     # what is carried: the unfinished ones, at most the rows in flight plus the rest of the last group drawn, each
     # below the cap; finished ones (a group's members waiting for the rest, or finishing beside the last needed)
@@ -242,3 +257,17 @@ def test_refill_min_batches_the_refills_without_changing_the_tokens(model):
     assert runs[1][0] == runs[3][0]
     assert runs[3][1] < runs[1][1]  # fewer refill rounds
     assert runs[3][2] >= runs[1][2]  # at the price of some idle slots
+
+
+def test_scoring_each_response_as_it_finishes_equals_scoring_after_decoding(cache):
+    """full (a scorer thread scores every finished response the moment it finishes, in whatever batches arrive)
+    and inter (the chosen ones scored in one pass after decoding) train on the same samples with the same scores on
+    the continuous engine: the same records up to float rounding."""
+    cfg = tiny_config(cache, seed=6, n_heldout_prompts=8, engine="continuous", eval_every=100,
+                      ppo={"max_new_tokens": 20}, oppo={"delta_init": 3, "adaptive_delta": False})
+    runs = {o: list(Trainer(cfg, o).run(3)) for o in ("inter", "full")}
+    for a, b in zip(runs["inter"], runs["full"], strict=True):
+        assert a.tokens_generated == b.tokens_generated and a.response_len_mean == b.response_len_mean
+        for f in ("reward_mean", "reward_std", "kl", "loss_policy", "loss_value", "adv_std", "ret_mean"):
+            assert getattr(a, f) == pytest.approx(getattr(b, f), rel=1e-4, abs=1e-5), f
+    assert runs["full"][0].phase_seconds["score"] >= 0
