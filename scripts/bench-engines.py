@@ -7,6 +7,7 @@ on the config's SFT'd base policy (long-tailed answer lengths), no weight update
 are the GPU-relevant figure: a decode step costs about the same for 1 row or 128 there (issue 38).
 
     PYTHONPATH=$PWD .venv/bin/python scripts/bench-engines.py --config configs/ppo-tiny.yaml --rollouts 6 --hf-cb
+    PYTHONPATH=$PWD .venv/bin/python scripts/bench-engines.py --config configs/ppo-tiny.yaml --train-steps 20
 """
 
 from __future__ import annotations
@@ -103,6 +104,27 @@ def inter_step(tr: Trainer, rollouts: int, refill_mins: list[int]) -> dict:
     return out
 
 
+def training(config: str, over: dict, steps: int) -> dict:
+    """`steps` trainer steps per (inter | full) x (transformers | continuous), the gate off."""
+    out = {}
+    for overlap in ("inter", "full"):
+        for engine in ("transformers", "continuous"):
+            cfg = load_config(config, {**over, "engine": engine, "eval_every": 1_000_000})
+            tr = Trainer(cfg, overlap)
+            t = time.perf_counter()
+            recs = list(tr.run(steps))
+            wall = time.perf_counter() - t
+            out[f"{overlap}_{engine}"] = {
+                "s_per_step": wall / steps,
+                "rollout_s": float(np.mean([r.phase_seconds["rollout"] for r in recs])),
+                "decode_steps": float(np.mean([r.decode_steps for r in recs])),
+                "staleness_max": max(r.staleness_max for r in recs),
+                "carried_max": max(r.deferred for r in recs),
+                "reward_last3": float(np.mean([r.reward_mean for r in recs[-3:]])),
+            }
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="configs/ppo-tiny.yaml")
@@ -111,6 +133,7 @@ def main() -> None:
     ap.add_argument("--gen-prompts", type=int, default=32)
     ap.add_argument("--gen-max-new", type=int, default=128)
     ap.add_argument("--hf-cb", action="store_true", help="also time transformers' generate_batch")
+    ap.add_argument("--train-steps", type=int, default=0, help="also train this many steps per overlap and engine")
     ap.add_argument("--batch-size", type=int, default=None, help="override ppo.batch_size (B)")
     ap.add_argument("--refill-min", type=int, nargs="+", default=[1], help="continuous: refill once this many free")
     ap.add_argument("--delta", type=int, default=None, help="override oppo.delta_init (and delta_max if smaller)")
@@ -127,6 +150,8 @@ def main() -> None:
     with torch.no_grad():
         res = {"generation": generation(tr, args.gen_prompts, args.gen_max_new, args.gen_prompts // 2, args.hf_cb),
                "inter_step": inter_step(tr, args.rollouts, args.refill_min)}
+    if args.train_steps:
+        res["training"] = training(args.config, over, args.train_steps)
     print(json.dumps(res, indent=1))
 
 
