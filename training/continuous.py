@@ -20,9 +20,11 @@ ones, as `TransformersEngine.begin` does).
 `continuous_rollout` is the inter-step overlap on this engine: `slots` = (B + Delta) sequences in flight, carried
 sequences admitted first, then prompts drawn as slots free; it stops once `units_needed` units have finished and
 trains on the first ones to finish; the sequences still in flight come back as `deferred` with their tokens so far
-(re-prefilled under the next step's weights, as in training/rollout.py). With `score_at_once` every finished
-response goes to a scorer thread the moment it finishes, so when the last needed one finishes only it is left to
-score; without, the chosen ones are scored in one pass after decoding.
+(re-prefilled under the next step's weights, as in training/rollout.py). With `score_at_once` the finished
+responses go to a scorer thread in batches of a quarter of the units needed, in finish order, each batch as soon as
+it is complete, so when the last needed one finishes only the last quarter is left to score (fixed batches, not
+whatever is waiting: scores must not depend on thread timing, or a resumed run would not repeat the uninterrupted
+one); without, the chosen ones are scored in one pass after decoding.
 """
 
 from __future__ import annotations
@@ -264,7 +266,9 @@ class ContinuousEngine:
 
 
 class _FinishedScorer:
-    """Scores finished sequences on a second thread as they arrive, batching whatever is waiting."""
+    """Scores batches of finished sequences on a second thread, one pass per batch in the order they are put. The
+    batches are fixed by finish order (not by what happens to be waiting), so the scores do not depend on thread
+    timing and a run is reproducible."""
 
     def __init__(self, scorers: dict[str, IncrementalScorer], pad_id: int, threads: int):
         self.scorers, self.pad_id, self.threads = scorers, pad_id, threads
@@ -276,22 +280,15 @@ class _FinishedScorer:
 
     def _run(self) -> None:
         torch.set_num_threads(self.threads)
-        stop = False
-        while not stop:
-            batch = [self.q.get()]
-            while not self.q.empty():
-                batch.append(self.q.get_nowait())
-            stop = batch[-1] is None
-            batch = [s for s in batch if s is not None]
-            if batch and self.error is None:
+        while (batch := self.q.get()) is not None:
+            if self.error is None:
                 try:
                     self.out.update(score_sequences(self.scorers, batch, self.pad_id))
                 except BaseException as err:  # surfaced by finish()
                     self.error = err
 
     def put(self, seqs: list[Sequence]) -> None:
-        for s in seqs:
-            self.q.put(s)
+        self.q.put(list(seqs))
 
     def finish(self) -> dict[int, dict[str, torch.Tensor | float]]:
         self.q.put(None)
@@ -344,6 +341,9 @@ def continuous_rollout(
     unit_left: dict[int, int] = {}
     completed: list[int] = []  # units in the order they finished
     worker = _FinishedScorer(scorers, pad_id, scorer_threads) if score_at_once else None
+    # with score_at_once, finished units go to the scorer thread in batches of this many (by finish order)
+    score_units = max(1, -(-units_needed // 4))
+    ready: list[Sequence] = []
     unit_size = group_size if grouped else 1
 
     def unit(s: Sequence) -> int:
@@ -366,7 +366,10 @@ def continuous_rollout(
         if unit_left[u] == 0:
             completed.append(u)
             if worker and len(completed) <= units_needed:
-                worker.put([x for x in seqs if unit(x) == u])
+                ready.extend(x for x in seqs if unit(x) == u)
+                if len(completed) % score_units == 0 or len(completed) == units_needed:
+                    worker.put(ready)
+                    ready.clear()
         return len(completed) >= units_needed
 
     t0 = time.perf_counter()

@@ -240,7 +240,8 @@ def test_killed_run_on_the_continuous_engine_resumes_with_identical_metrics(cach
             return [{k: v for k, v in r.items() if k not in timing} for r in csv.DictReader(f)]
 
     a, b = rows(tmp_path / "a" / "metrics.csv"), rows(tmp_path / "b" / "metrics.csv")
-    assert [r["step"] for r in b] == ["1", "2", "3", "4"] and a == b
+    assert [r["step"] for r in b] == ["1", "2", "3", "4"]
+    assert a == b, [(r["step"], k, r[k], q[k]) for r, q in zip(a, b, strict=True) for k in r if r[k] != q[k]]
 
 
 def test_refill_min_batches_the_refills_without_changing_the_tokens(model):
