@@ -191,6 +191,9 @@ class OPPOConfig(Strict):
     #: pi_theta/pi_prox, weight pi_prox/pi_behav, tokens whose weight exceeds is_cap dropped)
     correction: Literal["none", "tis", "decoupled"] = "none"
     is_cap: float = Field(2.0, gt=1.0, le=1e4, description="C: importance-weight cap of tis / decoupled")
+    #: engine "continuous": refill free rows only once this many are free (each refill round is one prefill forward,
+    #: about a decode step on a GPU; 1 refills at every step)
+    refill_min: int = Field(1, ge=1, le=65536)
     #: threads for torch intra-op work; with overlap the decode and scorer threads get one core each
     torch_threads: int = Field(2, ge=1, le=1024)
 
@@ -227,7 +230,10 @@ class TrainConfig(Strict):
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     oppo: OPPOConfig = Field(default_factory=OPPOConfig)
     fault: FaultConfig = Field(default_factory=FaultConfig)
-    engine: Literal["transformers", "vllm"] = "transformers"
+    #: rollout engine: "transformers" (the chunked KV-cached loop of training/engine.py), "continuous" (inter-step
+    #: overlap on a loop that refills finished rows at every decode step, training/continuous.py; the other modes
+    #: keep the chunked loop), "vllm" (untested, GPU only)
+    engine: Literal["transformers", "continuous", "vllm"] = "transformers"
     #: where every model, tensor, generator, cache and optimiser state lives (training/device.py; auto: CUDA when
     #: present, the job's GPU slot picking the card) and the forward passes' precision (bfloat16: float32 master
     #: weights and AdamW state, bfloat16 autocast, frozen reference and reward model in bfloat16)

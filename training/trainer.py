@@ -49,6 +49,7 @@ import torch
 from common.errors import BadInput
 from training.checkpoint import CheckpointIO, MetricsCSV, latest_checkpoint
 from training.config import TrainConfig
+from training.continuous import ContinuousEngine, continuous_rollout
 from training.device import autocast, check_gpu_memory, out_of_memory, resolve_device, torch_dtype
 from training.engine import IncrementalScorer, TransformersEngine
 from training.evaluation import EvalGate, GoldEval, generate, gold_eval
@@ -130,6 +131,9 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
 
             self.engine = VLLMEngine(cfg.policy.model_name_or_path, self.tok.eos_id, self.tok.pad_id,
                                      cfg.ppo.temperature)
+        elif cfg.engine == "continuous" and self.overcommit:  # inter-step overlap refills rows (training/continuous.py)
+            self.engine = ContinuousEngine(self.tok.eos_id, self.tok.pad_id, cfg.ppo.temperature,
+                                           refill_min=cfg.oppo.refill_min)
         else:
             self.engine = TransformersEngine(self.tok.eos_id, self.tok.pad_id, cfg.ppo.temperature)
         self.scorers = {"ref": IncrementalScorer(self.ref, "logprob", cfg.ppo.temperature),
@@ -178,14 +182,20 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
     def _fill_buffer(self, units: int) -> None:
         have = len({s.group for s in self.buffer})
         while have < units:
-            prompt = self.prompts.train[int(self.prompt_rng.integers(len(self.prompts.train)))]
-            ids = self.tok.encode(format_prompt(prompt))
-            group = self.next_uid
-            for _ in range(self.group_size):
-                self.buffer.append(Sequence(uid=self.next_uid, group=group, prompt=prompt, prompt_ids=ids,
-                                            enqueued_step=self.step))
-                self.next_uid += 1
+            self.buffer += self._new_unit()
             have += 1
+
+    def _new_unit(self) -> list[Sequence]:
+        """One freshly drawn prompt: `group_size` sequences of it (one for PPO)."""
+        prompt = self.prompts.train[int(self.prompt_rng.integers(len(self.prompts.train)))]
+        ids = self.tok.encode(format_prompt(prompt))
+        group = self.next_uid
+        unit = []
+        for _ in range(self.group_size):
+            unit.append(Sequence(uid=self.next_uid, group=group, prompt=prompt, prompt_ids=ids,
+                                 enqueued_step=self.step))
+            self.next_uid += 1
+        return unit
 
     def _fault_active(self, kind: str) -> bool:
         return self.cfg.fault.kind == kind and self.step >= self.cfg.fault.at_step
@@ -244,22 +254,34 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         phases = {"rollout": 0.0, "score": 0.0, "sync": 0.0, "optim": 0.0, "eval": 0.0}
         phases["sync"] = self._sync()
         delta = self.delta_ctl.delta
-        self._fill_buffer(self.units_per_step + delta)
+        continuous = isinstance(self.engine, ContinuousEngine)
+        if not continuous:  # the full-batch engine draws prompts as its rows free up
+            self._fill_buffer(self.units_per_step + delta)
         chunk = self.tuner.chunk_for_step(self.step) if self.stream else cfg.ppo.max_new_tokens
         # torch's thread count is per process: set it every step, so trainers sharing a process (the bench's
         # interleaved runs) each run with their own setting; decode and scorer thread get one core each
         torch.set_num_threads(1 if self.stream else cfg.oppo.torch_threads)
         try:
             with self.autocast():
-                out = rollout(
-                    self.engine, self.scorers, self.buffer, pad_id=self.tok.pad_id, units_needed=self.units_per_step,
-                    max_new_tokens=cfg.ppo.max_new_tokens, chunk_size=chunk, stream=self.stream,
-                    generator=self.sample_gen, grouped=self.grouped, scorer_threads=1, device=self.device,
-                )
+                if continuous:
+                    out = continuous_rollout(
+                        self.engine, self.scorers, self.buffer, self._new_unit,
+                        slots=(self.units_per_step + delta) * self.group_size, pad_id=self.tok.pad_id,
+                        units_needed=self.units_per_step, max_new_tokens=cfg.ppo.max_new_tokens,
+                        generator=self.sample_gen, grouped=self.grouped, group_size=self.group_size,
+                        score_at_once=self.stream, scorer_threads=1,
+                    )
+                else:
+                    out = rollout(
+                        self.engine, self.scorers, self.buffer, pad_id=self.tok.pad_id,
+                        units_needed=self.units_per_step, max_new_tokens=cfg.ppo.max_new_tokens, chunk_size=chunk,
+                        stream=self.stream, generator=self.sample_gen, grouped=self.grouped, scorer_threads=1,
+                        device=self.device,
+                    )
         finally:
             torch.set_num_threads(cfg.oppo.torch_threads)
         phases["rollout"], phases["score"] = out.decode_s, out.score_s
-        if self.stream:
+        if self.stream and not continuous:
             self.tuner.report(chunk, out.decode_s + out.score_s, out.tokens_generated)
         self.buffer = out.deferred
         if self._fault_active("duplicated_carry"):
@@ -292,7 +314,7 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         record.tokens_generated = out.tokens_generated
         record.samples_trained = len(samples)
         record.delta = delta
-        record.chunk_size = chunk if self.stream else 0
+        record.chunk_size = chunk if self.stream and not continuous else 0
         record.deferred = len(self.buffer)
         record.decode_steps = out.decode_steps
         record.len_carried_mean = float(np.mean(carried)) if carried else NAN
