@@ -66,16 +66,18 @@ def test_an_unknown_device_in_the_config_file_names_the_field(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has CUDA")
 @pytest.mark.parametrize("how", ["flag", "config"])
-def test_cuda_where_there_is_none_exits_2_in_one_line_within_5_s(tmp_path, how):
+def test_cuda_where_there_is_none_exits_2_in_one_line_before_torch_is_imported(tmp_path, how):
+    """The issue's bar is under 5 s (2.4 s measured here unloaded); a timed assertion fails under a loaded CI, so the
+    test checks what makes it fast: the refusal comes before torch (4-16 s to import here) is imported."""
     args = ["configs/ppo-tiny.yaml", "--device", "cuda"]
     if how == "config":
         raw = yaml.safe_load((REPO / "configs" / "ppo-tiny.yaml").read_text())
         (tmp_path / "cuda.yaml").write_text(yaml.safe_dump({**raw, "device": "cuda", "dtype": "bfloat16"}))
         args = [str(tmp_path / "cuda.yaml")]
-    code, lines, seconds, _raw = _cli("train", *args, "--out", str(tmp_path / "run"))
+    code, lines, _seconds, raw = _cli("train", *args, "--out", str(tmp_path / "run"), importtime=True)
     assert code == 2 and len(lines) == 1, lines  # one line: no traceback
     assert lines[0].startswith("error: device: 'cuda' asked for") and "no CUDA device" in lines[0], lines
-    assert seconds < 5.0, seconds
+    assert "torch" not in _imported(raw)
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
