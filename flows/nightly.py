@@ -33,8 +33,9 @@ from flows.platform_round import platform_round
 from flows.rlhf_job import rlhf_job
 from flows.simulate import experiment_params, gather_units, run_units_as_tasks, submit_units, track_experiment
 from infra import tracking as T
+from infra.compute import compute_pool
 from infra.ledger import tenant_costs
-from infra.provision import compute_pool, no_heartbeats, task_runner
+from infra.provision import no_heartbeats, task_runner
 from infra.reporting import nightly_report, report_markdown
 from scheduling.request import ExperimentRequest, plan_experiment, run_experiment
 from tasks.timing import StageTimes, clock

@@ -16,8 +16,9 @@ from prefect.futures import as_completed
 
 from flows import progress
 from infra import tracking as T
+from infra.compute import compute_pool
 from infra.ledger import tenant_costs
-from infra.provision import compute_pool, task_runner
+from infra.provision import task_runner
 from scheduling.request import ExperimentPlan, ExperimentRequest, ExperimentResult, run_experiment
 from tasks.retry import backoff
 from tasks.sim import simulate_unit

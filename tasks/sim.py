@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from infra.provision import compute
+from infra.compute import compute
 from scheduling.experiments import Unit, run_unit
 from tasks.retry import RETRIES, backoff, maybe_fail, retry_transient
 from tasks.timing import clock

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from infra import provision
+from infra import compute
 from tasks.retry import InjectedFault, is_transient
 
 
@@ -39,9 +39,9 @@ def victim(tmp_path, monkeypatch):
 
 
 def test_a_pool_process_that_cannot_start_names_the_root_cause_and_is_not_retried(victim):
-    with provision.compute_pool(workers=2):
-        with pytest.raises(provision.WorkerStartError) as info:
-            provision.compute(victim.echo, 1)
+    with compute.compute_pool(workers=2):
+        with pytest.raises(compute.WorkerStartError) as info:
+            compute.compute(victim.echo, 1)
     message = str(info.value)
     assert "this platform.py shadows the standard library" in message
     assert "BrokenProcessPool" in message and "victim_mod.echo" in message
@@ -50,11 +50,11 @@ def test_a_pool_process_that_cannot_start_names_the_root_cause_and_is_not_retrie
 
 def test_a_pool_process_killed_mid_task_is_retried_on_a_fresh_pool(victim, tmp_path, monkeypatch):
     (tmp_path / "platform.py").unlink()  # the module imports fine: the process dies of something else
-    with provision.compute_pool(workers=2):
-        with pytest.raises(provision.WorkerProcessDied) as info:
-            provision.compute(victim.die, 1)
+    with compute.compute_pool(workers=2):
+        with pytest.raises(compute.WorkerProcessDied) as info:
+            compute.compute(victim.die, 1)
         assert is_transient(info.value)
-        assert provision.compute(victim.echo, 7) == 7  # the retry runs: the broken pool was replaced
+        assert compute.compute(victim.echo, 7) == 7  # the retry runs: the broken pool was replaced
 
 
 @pytest.mark.parametrize("exc, transient", [
