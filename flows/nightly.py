@@ -59,7 +59,7 @@ def run_canary_task(name: str, steps: int, fault_at: int, cache_dir: str) -> dic
 def detector_comparison(seeds: list[int], fail_rate: float, fault_seed: int, retry_delay_s: float, runner=None):
     """The detector report's runs (E7 under three noise kinds, E8) as tasks (on `runner` if given); mean over
     seeds."""
-    from scheduling.detector_report import report_units
+    from studies.detector_report import report_units
 
     units = [u for u in report_units() if u.seed in seeds]
     for u in units:
@@ -150,7 +150,7 @@ def stage_matrix(exps: list[str], seeds: list[int], out: Path, res: NightlyResul
 def stage_detectors(seeds: list[int], out: Path, res: NightlyResult, chaos: Chaos, units_runner,
                     mlflow_experiment: str) -> pd.DataFrame:
     """2. The detector comparison, tracked as one MLflow run under the nightly's."""
-    from scheduling.detector_report import render
+    from studies.detector_report import render
 
     table = detector_comparison(seeds, chaos.fail_rate, chaos.fault_seed, chaos.retry_delay_s, units_runner)
     table.to_csv(out / "detectors.csv", index=False)

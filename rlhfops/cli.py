@@ -78,7 +78,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "compare-detectors": ("simulate", "Every detector on E7 (Gaussian, Student-t, AR(1) noise) and E8: precision, "
                           "recall, FPR, JCT, wasted compute, detection delay, regret; writes docs/detectors.md."),
     "select-detector": ("simulate", "Choose the default detector's shape (mean window, patience, drawdown, deep-drop "
-                        "path) on the corpus parts already seen, by the rule of scheduling/detector_selection.py ..."),
+                        "path) on the corpus parts already seen, by the rule of studies/detector_selection.py ..."),
     "detector-frontier": ("simulate", "In hindsight, the most useful stops every shape of the selection grid "
                           "reaches on a corpus split at each number of calibration-fleet runs stopped ..."),
     "detect": ("detect", "Replay every run of a trace through a detector; write verdicts; print useful recall, "

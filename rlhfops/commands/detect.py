@@ -159,7 +159,7 @@ def _calibrate(console, name, det, path: Path, direction, target: float, config:
     if det.threshold is None:
         raise BadInput(f"--detector {name}: has no threshold to calibrate")
     if path.is_dir():  # a corpus laid out as <source>/traces.csv + runs.csv: its tune split
-        from scheduling.detector_report import load_corpus_split
+        from studies.detector_report import load_corpus_split
 
         if not (path / "runs.csv").is_file():
             raise BadInput(f"--calibrate '{path}': a directory needs runs.csv "

@@ -37,6 +37,6 @@ def register(app: typer.Typer) -> None:
             from common.validate import check_out_file
 
             check_out_file(out, "out")
-        from scheduling.paired_report import report
+        from studies.paired_report import report
 
         typer.echo(report(corpus, names, budget, out))

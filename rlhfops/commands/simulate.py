@@ -134,10 +134,10 @@ def register(app: typer.Typer) -> None:
                                     "--write-config writes (default: configs/detectors.yaml)"),
     ) -> None:
         """Choose the default detector's shape (mean window, patience, drawdown, deep-drop path) on the corpus parts
-        already seen, by the rule of scheduling/detector_selection.py; writes the ranked candidates as markdown."""
+        already seen, by the rule of studies/detector_selection.py; writes the ranked candidates as markdown."""
         import os
 
-        from scheduling.detector_selection import (
+        from studies.detector_selection import (
             DETECTOR,
             SELECTION_SPLITS,
             candidates,
@@ -191,8 +191,8 @@ def register(app: typer.Typer) -> None:
         import os
 
         from eval.corpus import ALL_SPLITS, CHOSEN_ON_SPLITS
-        from scheduling.detector_frontier import default_point, frontier, render
-        from scheduling.detector_selection import candidates, selection_runs
+        from studies.detector_frontier import default_point, frontier, render
+        from studies.detector_selection import candidates, selection_runs
 
         check_out_file(out, "out")
         check_workers(workers)
@@ -230,13 +230,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Every detector on E7 (Gaussian, Student-t, AR(1) noise) and E8: precision, recall, FPR, JCT,
         wasted compute, detection delay, regret; writes docs/detectors.md."""
-        from scheduling.detector_report import render, render_replay, replay_traces, report_units, run_report
+        from studies.detector_report import render, render_replay, replay_traces, report_units, run_report
 
         check_out_file(out, "out")
         check_workers(workers)
         if corpus is not None:
             check_corpus(corpus)
-        from scheduling.detector_report import fresh_seed_bars, render_fresh
+        from studies.detector_report import fresh_seed_bars, render_fresh
 
         console = make_console()
         with progress(console, transient=True) as shown:
@@ -248,7 +248,7 @@ def register(app: typer.Typer) -> None:
                 replay = render_replay(replay_traces(traces), traces.name, load_trace(traces).run_id.nunique())
             if corpus is not None:
                 from eval.corpus import ALL_SPLITS
-                from scheduling.detector_report import corpus_table, render_corpus
+                from studies.detector_report import corpus_table, render_corpus
 
                 shown.stage(f"every detector on {corpus}: splits", total=len(ALL_SPLITS))
                 tables = {}
@@ -265,7 +265,7 @@ def register(app: typer.Typer) -> None:
         if replay:
             head, sep, tail = text.partition("## Verdict")
             text = head + replay + "\n" + sep + tail
-        from scheduling.paired_report import keep_section
+        from studies.paired_report import keep_section
 
         out.write_text(keep_section(out, text))
         console.print(f"[green]wrote {out}[/]")

@@ -34,15 +34,15 @@ def scratch(tmp_path, monkeypatch):
     import rlhfops.commands.nightly as nightly
     import rlhfops.commands.traces as traces
     import scheduling.bench
-    import scheduling.detector_report
     import scheduling.experiments
     import scheduling.reproduce
+    import studies.detector_report
     import training.bench
     import training.trainer
 
     for target in (
         (training.trainer, "Trainer"), (training.trainer, "train"), (scheduling.experiments, "run_units"),
-        (scheduling.reproduce, "run_all"), (scheduling.detector_report, "run_report"),
+        (scheduling.reproduce, "run_all"), (studies.detector_report, "run_report"),
         (scheduling.bench, "bench_matrix"), (training.bench, "bench_oppo"), (bench_health, "bench_health"),
         (flowrun, "start_prefect_api"), (nightly, "start_prefect_api"), (traces, "record"),
         (canary, "run_canary"),

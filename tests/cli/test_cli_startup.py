@@ -16,7 +16,7 @@ import typer
 from rlhfops.cli import COMMAND_MODULES, LAZY_COMMANDS, load_command
 
 HEAVY = ("numpy", "pandas", "scipy", "matplotlib", "torch", "prefect", "mlflow", "pydantic", "yaml", "scheduling",
-         "training", "eval", "infra", "flows", "tasks", "rlhfops.commands")
+         "studies", "training", "eval", "infra", "flows", "tasks", "rlhfops.commands")
 
 
 def _modules_after(code: str) -> set[str]:

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ["common", "configs", "training", "scheduling", "eval", "infra", "tasks", "flows", "rlhfops"]
+PACKAGES = ["common", "configs", "training", "scheduling", "studies", "eval", "infra", "tasks", "flows", "rlhfops"]
 
 
 def _pip(*args: str, cwd: Path) -> None:

@@ -1,7 +1,7 @@
 """The default detector holds the paper's bars on seeds nothing was chosen or tuned on.
 
 The default's gate bar was chosen on simulator seeds 1-100 (configs/detectors.yaml, v1); the reported
-experiments use 42-1024. These seeds start at 20001 (scheduling.detector_report.FRESH_SEED_START) and were
+experiments use 42-1024. These seeds start at 20001 (studies.detector_report.FRESH_SEED_START) and were
 first run after the choice was made. Upper bounds on FPR keep a detector from buying recall with false stops.
 About 15 s on one core."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduling.detector_report import FRESH_SEED_START, PAPER_BARS, fresh_seed_bars
+from studies.detector_report import FRESH_SEED_START, PAPER_BARS, fresh_seed_bars
 
 
 @pytest.mark.slow

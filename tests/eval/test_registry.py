@@ -26,7 +26,7 @@ FIRST_IMPORTS = {
     "detectors": "import eval.detectors",
     "registry": "import eval.registry",
     "health-catalog": "import eval.health; eval.health.Catalog.from_file()",
-    "docs-generator": "import scheduling.detector_report",
+    "docs-generator": "import studies.detector_report",
 }
 
 PROBE = """
@@ -43,7 +43,7 @@ for name in names:  # before anything else imports the registry or the health pa
     except ValueError:
         built[name] = None
 from eval import registry
-from scheduling.detector_report import render
+from studies.detector_report import render
 empty = pd.DataFrame(columns=["experiment", "variant", "scheduler"])
 print(json.dumps({{
     "built": built,
@@ -124,7 +124,7 @@ def test_registry_is_the_same_whatever_was_imported_first(answers):
 
 
 def test_generated_detector_docs_do_not_depend_on_import_order(answers):
-    """scheduling/detector_report.render writes docs/detectors.md: its defaults list names the early-stop
+    """studies/detector_report.render writes docs/detectors.md: its defaults list names the early-stop
     detectors (the trivial `stopat` baseline aside) and no alert, in every process."""
     early, alerts = defined_detector_classes()
     docs = {case: got["docs"] for case, got in answers.items()}

@@ -126,7 +126,7 @@ def test_build_gives_the_supervisor_its_planned_steps_detector_and_charges(tmp_p
 
 
 #: the project's packages (pyproject.toml's import-linter root_packages)
-PACKAGES = ("common", "training", "scheduling", "eval", "sweeps", "infra", "tasks", "flows", "rlhfops")
+PACKAGES = ("common", "training", "scheduling", "eval", "sweeps", "studies", "infra", "tasks", "flows", "rlhfops")
 
 
 def _calls(name: str) -> list[str]:

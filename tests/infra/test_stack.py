@@ -95,7 +95,7 @@ def ray_processes() -> list[int]:
 
 #: the nightly's quick parameters, smaller still (CI time): one cheap experiment and seed, a short RLHF job (its
 #: checkpoint registered and re-scored), one canary, the platform round. The detector comparison is left out: on
-#: this base it fails on either runner (scheduling/detector_report.render wants columns, useful_recall and others,
+#: this base it fails on either runner (studies/detector_report.render wants columns, useful_recall and others,
 #: that flows/nightly.detector_comparison does not average)
 NIGHTLY_ARGS = ["nightly", "--quick", "--experiments", "E1", "--seeds", "42", "--job-steps", "8",
                 "--canaries", "control", "--no-detectors", "--no-sweep"]

@@ -1,4 +1,4 @@
-"""`rlhfops bench sweep`'s load-free GPU-seconds (rlhfops/commands/bench_sweep.py `priced`, `compare`): every step a
+"""`rlhfops bench sweep`'s load-free GPU-seconds (sweeps/bench.py `priced`, `compare`): every step a
 run trained is charged what the same step cost in the unpruned run, so a pruned run that ran on a busier machine is
 not charged its slowdown. Oracle: run directories written here with per-step phase times the test chose, and the
 sums kept by the test."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhfops.commands.bench_sweep import compare, priced
+from sweeps.bench import compare, priced
 
 
 def write_run(root: Path, steps: dict[int, int], cost) -> None:

@@ -1,4 +1,4 @@
-"""scheduling/paired_report.py on a hand-made per-prompt part with known truth: a run whose every prompt falls after
+"""studies/paired_report.py on a hand-made per-prompt part with known truth: a run whose every prompt falls after
 its peak is stopped after the peak (useful), a flat run never is, a close decline is settled only by the gate's
 extension batches (and the replay charges exactly the prompts it read), and the Clopper-Pearson bounds match the
 closed forms for 0 of n."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from eval.paired import PairedStop
-from scheduling.paired_report import (
+from studies.paired_report import (
     keep_section,
     load_part,
     relative_frontier,
@@ -146,7 +146,7 @@ def test_summary_bounds_and_section(part, tmp_path):
 
 
 def test_the_report_carries_the_hindsight_ceiling_of_its_parts(tmp_path):
-    from scheduling.paired_report import report
+    from studies.paired_report import report
 
     rng = np.random.default_rng(3)
     diff = rng.normal(0, 1.0, PROMPTS)
@@ -162,7 +162,7 @@ def test_the_report_carries_the_hindsight_ceiling_of_its_parts(tmp_path):
 
 
 def test_label_agreement_counts_labels_that_come_back_on_the_pool(tmp_path):
-    from scheduling.paired_ceiling import label_agreement
+    from studies.paired_ceiling import label_agreement
 
     rng = np.random.default_rng(5)
     diff = rng.normal(0, 1.0, PROMPTS)

@@ -1,4 +1,4 @@
-"""The corpus section of docs/detectors.md (scheduling.detector_report.render_corpus) on a small hand-made corpus:
+"""The corpus section of docs/detectors.md (studies.detector_report.render_corpus) on a small hand-made corpus:
 every held-out split gets its own table and acceptance lines, and the pooled lines count every run nothing was
 tuned on. The expected counts come from how the test built each run, not from the detector's code."""
 
@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from eval.corpus import ALL_SPLITS, CHOSEN_ON_SPLITS
-from scheduling.detector_report import corpus_table, render_corpus
+from studies.detector_report import corpus_table, render_corpus
 
 STEPS = 21
 
@@ -101,7 +101,7 @@ def test_without_held_out_runs_the_report_half_stands_alone(tmp_path):
 def test_threshold_tradeoff_scales_the_calibrated_bar(tmp_path):
     from eval.calibrate import has_proxy
     from eval.detectors import DEFAULT_DETECTOR, make_detector
-    from scheduling.detector_report import _split_runs, threshold_tradeoff
+    from studies.detector_report import _split_runs, threshold_tradeoff
 
     plan = {"tune": (4, 1), "report": (6, 3), "holdout": (5, 2)}
     _write_corpus(tmp_path, plan)

@@ -33,7 +33,7 @@ import pandas as pd
 
 from eval.corpus import hindsight_label
 from eval.traces import Run, peak_index, runs_from_trace, usefulness
-from scheduling.paired_ceiling import ceiling_table, label_agreement
+from studies.paired_ceiling import ceiling_table, label_agreement
 
 GATE_PROMPTS = 64
 EXTRA_BATCH = 32
@@ -204,7 +204,7 @@ def _pct(x: float) -> str:
 def render(results: dict[str, dict[str, dict]], params: dict[str, dict], budget_frac: float, note: str = "") -> str:
     out = [BEGIN, "## The paired rule on the per-prompt corpus (data/prompts/)\n",
            "Written by `rlhfops paired-report --corpus data/prompts --out docs/detectors.md` "
-           "(scheduling/paired_report.py). "
+           "(studies/paired_report.py). "
            "The runs, their labels and the tune/report split are declared in data/prompts/DECLARATION.md; both "
            "rules read the same gate records: `paired` the per-prompt gold scores (64 prompts per checkpoint, "
            f"plus extension batches of {EXTRA_BATCH} where more prompts could settle a decline, budget "
@@ -540,7 +540,7 @@ and 126 were expected).
 
 CEILING = """### The ceiling: a threshold chosen knowing the labels
 
-How far one simple family of rules could go on these runs (scheduling/paired_ceiling.py): stop at the first checkpoint
+How far one simple family of rules could go on these runs (studies/paired_ceiling.py): stop at the first checkpoint
 k whose paired decline against some earlier checkpoint s (the t statistic of the per-prompt contrast
 (1 - rho) y_s + rho y_0 - y_k on the gate's common random numbers, the statistic the paired rule bounds) exceeds a
 constant t. In each cell t is chosen **knowing the labels**: among the thresholds that stop at most 2% of the healthy

@@ -22,7 +22,7 @@ from eval.traces import Run, peak_index
 
 
 class PartRuns(Protocol):
-    """What the tables read of a corpus part (`scheduling.paired_report.PartRuns`; that module imports this one): its
+    """What the tables read of a corpus part (`studies.paired_report.PartRuns`; that module imports this one): its
     labelled runs and, per run, the gold scores [checkpoints, prompts] in prompt-id order."""
 
     runs: list[Run]

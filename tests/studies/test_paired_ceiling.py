@@ -1,4 +1,4 @@
-"""scheduling/paired_ceiling.py against hand-computed statistics and a brute-force threshold search: the paired z of
+"""studies/paired_ceiling.py against hand-computed statistics and a brute-force threshold search: the paired z of
 three checkpoints worked out on paper, the hindsight threshold of a hand-made case, and, on random paths, the best
 threshold found by trying every t of a fine grid with a plain loop."""
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from scheduling.paired_ceiling import decline_z, hindsight_threshold
+from studies.paired_ceiling import decline_z, hindsight_threshold
 
 
 def test_decline_z_matches_the_paired_t_worked_by_hand():

@@ -105,7 +105,7 @@ def rank(table: pd.DataFrame) -> pd.DataFrame:
 
 def selection_runs(corpus: Path, splits=SELECTION_SPLITS) -> list:
     """The runs of `splits` of a corpus laid out as `rlhfops compare-detectors --corpus` reads it."""
-    from scheduling.detector_report import _split_runs
+    from studies.detector_report import _split_runs
 
     return [r for split in splits for r in _split_runs(corpus, split)]
 

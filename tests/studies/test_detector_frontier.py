@@ -1,4 +1,4 @@
-"""The hindsight frontier of scheduling/detector_frontier.py: its critical values against replays of the detector at
+"""The hindsight frontier of studies/detector_frontier.py: its critical values against replays of the detector at
 many bars (the path every report uses), its choice of points on hand-made critical values, and the command."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from eval.corpus import load_corpus
 from eval.detectors import make_detector
 from eval.traces import detection_quality, runs_from_trace, verdicts
-from scheduling.detector_frontier import ShapeCriticals, frontier_points, shape_criticals
-from scheduling.detector_selection import DETECTOR
+from studies.detector_frontier import ShapeCriticals, frontier_points, shape_criticals
+from studies.detector_selection import DETECTOR
 
 SHAPES = [
     {"patience": 6, "drawdown": 0.5, "fast_window": 1, "fast_ratio": 2.0, "mean_window": 0},
@@ -80,7 +80,7 @@ def test_frontier_points_keep_the_fewest_fleet_stops_per_useful_count_and_drop_d
 def test_the_command_writes_the_frontier_of_a_corpus_split(tmp_path, monkeypatch, write_corpus, slow_decline_trace):
     from typer.testing import CliRunner
 
-    import scheduling.detector_selection as selection
+    import studies.detector_selection as selection
     from rlhfops.cli import app
 
     # one shape: patience 5, drawdown 0.3 stops every hand-made slow decline at checkpoint 18 whatever its bar, and

@@ -1,4 +1,4 @@
-"""The selection rule of scheduling/detector_selection.py: the grid it searches, the order it ranks candidates in
+"""The selection rule of studies/detector_selection.py: the grid it searches, the order it ranks candidates in
 (a hand-made table whose order follows from the rule), and a whole selection on hand-made runs whose verdicts
 follow from how they were built."""
 
@@ -8,7 +8,7 @@ import pandas as pd
 
 from eval.detectors import make_detector
 from eval.traces import runs_from_trace
-from scheduling.detector_selection import DETECTOR, SHAPE_KEYS, candidates, chosen_params, rank, score_candidates
+from studies.detector_selection import DETECTOR, SHAPE_KEYS, candidates, chosen_params, rank, score_candidates
 
 
 def test_the_grid_holds_valid_distinct_candidates_and_the_configured_shape():
@@ -58,7 +58,7 @@ def test_the_command_ranks_the_grid_on_a_corpus_and_records_the_chosen_shape(
     import yaml
     from typer.testing import CliRunner
 
-    import scheduling.detector_selection as selection
+    import studies.detector_selection as selection
     from rlhfops.cli import app
 
     # a two-shape grid: the shallow drawdown stops every slow decline, the deep one none (as in the test above)
