@@ -20,8 +20,7 @@ def register_bench(bench_app: typer.Typer) -> None:
                                   help="steps per run (default: the config's `steps`, or 30 with --quick)"),
         seeds: int = typer.Option(3, "--seeds", help="seeds per mode (the config's seed, then the next ones)"),
         gate_every: int = typer.Option(5, "--gate-every", help="steps between held-out gold gates"),
-        device: str = typer.Option(None, "--device", help="auto (CUDA when present), cpu, cuda or cuda:N; replaces "
-                                   "the config's `device`"),
+        device: str = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N (replaces the config's)"),
         dtype: str = typer.Option(None, "--dtype", help="float32 or bfloat16; replaces the config's `dtype`"),
         target_frac: float = typer.Option(0.7, "--target-frac",
                                           help="targets = sequential start + this share of its best improvement"),
@@ -46,6 +45,7 @@ def register_bench(bench_app: typer.Typer) -> None:
         from rlhfops.console import make_console, progress
         from training.bench_baseline import bench_settings, read_baseline
         from training.config import load_config
+        from training.device import resolve_device
 
         if not 0.0 < target_frac <= 1.0:
             raise BadInput("--target-frac: must be in (0, 1]")
@@ -67,8 +67,6 @@ def register_bench(bench_app: typer.Typer) -> None:
         overrides = {k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None}
         cfg = load_config(config, overrides or None)
         if cfg.device.startswith("cuda"):  # asked for by name: refused before any model is built when absent
-            from training.device import resolve_device
-
             resolve_device(cfg.device, field="--device" if device else "device")
         settings = bench_settings(cfg, quick, steps=steps, seeds=seeds, gate_every=gate_every,
                                   target_frac=target_frac)

@@ -10,11 +10,7 @@ COMMANDS = Path(__file__).resolve().parents[2] / "rlhfops" / "commands"
 COMMAND_LIMIT = 300
 BENCH_LIMIT = 150
 #: modules over their limit for now, each with why; remove the entry when the module is split
-ALLOWED_OVER: dict[str, str] = {
-    # 455 lines: process start and stop, log scraping, latency percentiles, Prefect restarts, lost-run checks; being
-    # moved into infra/ and tasks/ on the lead's branch (issue 39), which removes this entry
-    "bench_platform.py": "issue 39: the platform benchmark moves out of the CLI",
-}
+ALLOWED_OVER: dict[str, str] = {}
 
 
 def limit(path: Path) -> int:
