@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -103,21 +104,29 @@ def _hf_config(mc: ModelConfig, tok: Tokenizer, max_positions: int, **extra):
     )
 
 
+#: models are built one at a time in a process: transformers' `from_pretrained` initialises under a meta-device
+#: context, and a model built in another thread meanwhile (a platform round's jobs score and start in threads) can get
+#: meta tensors ("Cannot copy out of meta tensor" at its first `.to(device)`) or corrupted weights
+_BUILD_LOCK = threading.RLock()
+
+
 def build_causal_lm(mc: ModelConfig, tok: Tokenizer, max_positions: int) -> PreTrainedModel:
-    if mc.model_name_or_path:
-        return AutoModelForCausalLM.from_pretrained(mc.model_name_or_path, dtype=torch.float32)
-    return AutoModelForCausalLM.from_config(_hf_config(mc, tok, max_positions), dtype=torch.float32)
+    with _BUILD_LOCK:
+        if mc.model_name_or_path:
+            return AutoModelForCausalLM.from_pretrained(mc.model_name_or_path, dtype=torch.float32)
+        return AutoModelForCausalLM.from_config(_hf_config(mc, tok, max_positions), dtype=torch.float32)
 
 
 def build_scorer(mc: ModelConfig, tok: Tokenizer, max_positions: int, path: str | None = None) -> PreTrainedModel:
     """A one-label sequence-classification model (reward model or critic)."""
     path = path or mc.model_name_or_path
-    if path:
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
-    else:
-        model = AutoModelForSequenceClassification.from_config(
-            _hf_config(mc, tok, max_positions, num_labels=1), dtype=torch.float32
-        )
+    with _BUILD_LOCK:
+        if path:
+            model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+        else:
+            model = AutoModelForSequenceClassification.from_config(
+                _hf_config(mc, tok, max_positions, num_labels=1), dtype=torch.float32
+            )
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tok.pad_id
     return model
