@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 # module loads before its flow run starts (`rlhfops nightly` loads it while the temporary Prefect server starts),
 # so the 3-5 s import is paid at start-up instead of stalling the nightly's job stage
 from infra import tracking as T
+from infra.slot_cards import claim_cards
 from tasks.retry import RETRIES, backoff, maybe_fail, retry_transient
 from tasks.timing import clock
 from training.lifecycle import (  # noqa: F401 - step_of, best_of: re-exported for the flows
@@ -62,12 +64,14 @@ def _run_logger():
 
 
 @task(name="start-worker", task_run_name="start worker {job}", **_RETRY)
-def start_worker(job: str, config, overlap: str, out_dir: str, fail_rate: float = 0.0, fault_seed: int = 0):
+def start_worker(job: str, config, overlap: str, out_dir: str, fail_rate: float = 0.0, fault_seed: int = 0,
+                 card: int | None = None):
     """Bring up the training worker: tokenizer, base policy, reference, proxy reward model, optimisers
-    (cached warm starts after the first job). Resumes from the newest checkpoint in `out_dir` if any."""
+    (cached warm starts after the first job), on the GPU of the slot card `card` when the config says `device: auto`.
+    Resumes from the newest checkpoint in `out_dir` if any."""
     maybe_fail("worker-start", job, fail_rate, fault_seed)
     with clock.span("work"):
-        return Trainer(config, overlap, out_dir, resume=True)
+        return Trainer(config, overlap, out_dir, resume=True, slot=card)
 
 
 @task(name="train", task_run_name="train {job}", cache_policy=NO_CACHE)
@@ -91,14 +95,27 @@ class PrefectJobHooks(JobHooks):
         self.fail_rate, self.fault_seed, self.after_step, self.wait_api = fail_rate, fault_seed, after_step, wait_api
         self.logger = _run_logger()
         self.total: int | None = None
+        self.card: int | None = None  # the slot card this job holds (`hold_slots`), while it holds it
 
+    @contextmanager
     def hold_slots(self, spec: JobSpec):
-        return self.slots.take(spec.gpus) if self.slots is not None else super().hold_slots(spec)
+        """The job's slots, then as many card numbers of this host (`infra.slot_cards`): the first is the GPU its
+        trainer uses with `device: auto`."""
+        if self.slots is None:
+            with super().hold_slots(spec) as waited:
+                yield waited
+            return
+        with self.slots.take(spec.gpus) as waited, claim_cards(self.slots.name, self.slots.size, spec.gpus) as cards:
+            self.card = cards[0]
+            try:
+                yield waited
+            finally:
+                self.card = None
 
     def start_worker(self, spec: JobSpec):
         self.total = spec.steps
         return start_worker.with_options(retry_delay_seconds=self.delays)(
-            spec.job, spec.config, spec.overlap, str(spec.out_dir), self.fail_rate, self.fault_seed)
+            spec.job, spec.config, spec.overlap, str(spec.out_dir), self.fail_rate, self.fault_seed, self.card)
 
     def supervise(self, spec: JobSpec, loop: Callable[[], TrainingResult]) -> TrainingResult:
         result = train_task(spec.job, loop)
