@@ -33,13 +33,33 @@ def comparable(result_settings: dict, baseline: dict) -> str | None:
     if "config" in result_settings and isinstance(baseline.get("config"), dict):
         from common.config import flatten
 
-        mine, theirs = flatten(result_settings["config"]), flatten(baseline["config"])
+        mine, theirs = flatten(_as_run(result_settings["config"])), flatten(_as_run(baseline["config"]))
         differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
         if differ:
             k = differ[0]
             more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
             return f"its training config has {k} = {theirs.get(k)!r}, this run's {mine.get(k)!r}{more}"
     return None
+
+
+def _as_run(config: dict) -> dict:
+    """A bench's training config as it ran: the fields a config of older code did not have take their defaults (each
+    added field's default is the behaviour before it: bytes for the tokenizer, float32, all heads for k/v), and the
+    device is the kind it ran on (`auto` resolved without importing torch; a config without a device ran on the CPU,
+    the only device before there was one), so a CPU baseline compares with a CPU run and never with a GPU one."""
+    from pydantic import ValidationError
+
+    from training.config import TrainConfig
+    from training.device import cuda_absent_reason
+
+    device = config.get("device")
+    try:
+        config = TrainConfig.model_validate(config).model_dump(mode="json")
+    except ValidationError:
+        config = dict(config)  # a field since removed: compared as written, and the difference named
+    if device is None or device == "auto":
+        config["device"] = "cpu" if device is None or cuda_absent_reason() else "cuda"
+    return config
 
 
 def read_baseline(path: str | Path, settings: dict, field: str) -> dict:

@@ -4,6 +4,8 @@ and how often it catches a real slowdown."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -96,3 +98,22 @@ def test_power_against_a_slowed_intra_path_by_simulation():
     rng = np.random.default_rng(8)
     _, intra_flag = simulate(rng, n_trials=200, n_seeds=3, slowdown=0.4, noise_cv=0.10)
     assert intra_flag.mean() >= 0.8
+
+
+def test_the_committed_baseline_compares_with_todays_config_and_not_with_a_gpu_run():
+    """docs/bench/oppo-baseline.json was recorded before the config had a device, a dtype, k/v heads or a tokenizer
+    choice: those fields took the defaults that are the earlier behaviour, on the CPU. The nightly's bench stage reads
+    it with today's configs/ppo-bench.yaml (it was refused: 'device = None, this run's auto'); a run on CUDA, or in
+    bfloat16, is not comparable with it."""
+    from common.errors import BadInput
+    from training.bench_baseline import bench_settings, read_baseline
+    from training.config import load_config
+
+    root = Path(__file__).resolve().parents[2]
+    baseline = root / "docs" / "bench" / "oppo-baseline.json"
+    cfg = load_config(root / "configs" / "ppo-bench.yaml")
+    read_baseline(baseline, bench_settings(cfg, quick=True), "--baseline")
+    for change, named in (({"device": "cuda"}, "device"), ({"dtype": "bfloat16"}, "dtype")):
+        other = cfg.model_copy(update=change)
+        with pytest.raises(BadInput, match=rf"its training config has {named} = "):
+            read_baseline(baseline, bench_settings(other, quick=True), "--baseline")
