@@ -47,6 +47,13 @@ def cuda_absent_reason() -> str | None:
     return None
 
 
+def check_named_cuda(spec: str, field: str = "device") -> None:
+    """A device asked for by name (`cuda`, `cuda:N`) is checked before any slot is taken or model built (BadInput
+    naming `field` where it is absent); `auto` and `cpu` import nothing here."""
+    if spec.startswith("cuda"):
+        resolve_device(spec, field=field)
+
+
 def resolve_device(spec: str = "auto", slot: int | None = None, field: str = "device") -> torch.device:
     """The torch device for `spec`. `auto`: CUDA device (slot mod visible devices) when CUDA is present, else the
     CPU; `cuda`/`cuda:N` where CUDA is absent, or N beyond the visible devices: BadInput naming `field` (where

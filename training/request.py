@@ -315,10 +315,9 @@ def _check(request: JobRequest) -> CheckedJob:
         if getattr(request, key) is not None:
             overrides[key] = getattr(request, key)
     cfg = resolve_config(request.config, overrides)  # first: a config error before numpy, eval or torch is imported
-    if cfg.device.startswith("cuda"):  # asked for by name: refused here, before any slot or model, when absent
-        from training.device import resolve_device
+    from training.device import check_named_cuda
 
-        resolve_device(cfg.device, field="device")
+    check_named_cuda(cfg.device)  # refused here, before any slot or model, when absent
     from eval.health import Catalog
 
     if request.detector is not None:  # its parameters were checked by the model; here with the calibrated thresholds

@@ -45,7 +45,7 @@ def register_bench(bench_app: typer.Typer) -> None:
         from rlhfops.console import make_console, progress
         from training.bench_baseline import bench_settings, read_baseline
         from training.config import load_config
-        from training.device import resolve_device
+        from training.device import check_named_cuda
 
         if not 0.0 < target_frac <= 1.0:
             raise BadInput("--target-frac: must be in (0, 1]")
@@ -66,8 +66,7 @@ def register_bench(bench_app: typer.Typer) -> None:
             check_out_file(out.with_suffix(".png"), "out (its .png plot)")
         overrides = {k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None}
         cfg = load_config(config, overrides or None)
-        if cfg.device.startswith("cuda"):  # asked for by name: refused before any model is built when absent
-            resolve_device(cfg.device, field="--device" if device else "device")
+        check_named_cuda(cfg.device, "--device" if device else "device")  # before any model is built
         settings = bench_settings(cfg, quick, steps=steps, seeds=seeds, gate_every=gate_every,
                                   target_frac=target_frac)
         base = read_baseline(baseline, settings, "--baseline") if baseline is not None else None
