@@ -125,6 +125,14 @@ def _raised_in_tenant_code(exc: BaseException, prefixes: tuple[str, ...]) -> boo
     return any(inner.filename.startswith(p) or p in inner.filename for p in prefixes)
 
 
+def _example_text(example: dict) -> str:
+    """One failed sample as a line a tenant reads: the prompt, the completion, the error and the traceback's end."""
+    tail = str(example.get("traceback", "")).strip().splitlines()[-3:]
+    prompt, completion = str(example.get("prompt", ""))[:200], str(example.get("completion", ""))[:200]
+    return (f"prompt {prompt!r} -> completion {completion!r} -> {example.get('error', '')}"
+            + (f" ({' | '.join(tail)})" if tail else ""))
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%" if x >= 0.001 else f"{100 * x:.2f}%"
 
@@ -140,6 +148,11 @@ def attribute(evidence: RunEvidence, tenant_error_rate: float = 0.01) -> Attribu
     examples = tuple(f"{e.sample} -> {e.error}" for e in errs.examples) if errs else ()
     exc = evidence.exception
     if exc is not None:
+        if isinstance(exc, TenantCodeError) and getattr(exc, "examples", None) is not None:
+            # the platform's tenant-code pool (training/scorers.py) already said what the code did, in the
+            # runbook's words; its examples are the samples (prompt, completion, error, traceback tail)
+            return Attribution(FailureClass.TENANT_CODE_FAULT, str(exc),
+                               tuple(_example_text(e) for e in exc.examples))
         if _raised_in_tenant_code(exc, evidence.tenant_code):
             summary = getattr(exc, "summary", None) or errs
             detail = f"{type(exc).__name__}: {exc}"

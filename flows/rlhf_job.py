@@ -26,9 +26,12 @@ from tasks.retry import backoff
 from tasks.timing import clock
 from tasks.tracking import error_tags, parent_run
 from tasks.training import PrefectJobHooks, register_checkpoint
-from training.lifecycle import JOB_DONE, decided_by, ended_by, job_record, reopen_paused, run_job
+from training.lifecycle import JOB_DONE, decided_by, ended_by, job_record, reopen_paused, run_job, tenant_examples
 from training.request import JobInternals, JobRequest, build, parse_internals, parse_request
 from training.rundir import locked_run_dir
+
+#: the samples a tenant's code failed on (prompt, completion, error, traceback tail), beside job.json
+TENANT_ERRORS = "tenant_code_errors.json"
 
 
 class JobFailed(RuntimeError):
@@ -108,6 +111,7 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
             fresh_run_dir(out)
         (out / "config.resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
         run_id = run.run_id
+        log_lineage(run_id, cfg)
         spec, sup = build(request, checked, run_id=run_id, ledger=ledger,
                           metrics=PlatformMetrics(tenants=[tenant]))
         slots = gpu_slots(request.cluster_gpus)
@@ -160,11 +164,14 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
         if paused is not None:
             tags.update(paused.tags())
         (out / "scores.json").write_text(json.dumps(scores, indent=2))
+        examples = tenant_examples(outcome.error)
+        if examples:  # what the tenant's code failed on: the run directory and an MLflow artifact
+            (out / TENANT_ERRORS).write_text(json.dumps(examples, indent=2))
         log_job_plots(run_id, records, out, job)
         run.close(metrics=job_metrics, tags=tags,
                   artifacts=[str(out / "config.resolved.yaml"), str(ledger_csv), str(out / "scores.json"),
                              str(out / "metrics.csv")]
-                  + ([str(out / "gate_records.csv")] if (out / "gate_records.csv").is_file() else []),
+                  + [str(out / f) for f in ("gate_records.csv", TENANT_ERRORS) if (out / f).is_file()],
                   status="FAILED" if status.state is RunState.FAILED else "FINISHED")
         gate = request.detector.label if request.detector is not None else None
         (out / JOB_DONE).write_text(json.dumps({**job_record(outcome), "tenant": tenant, "name": name,
@@ -179,6 +186,17 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
     if status.state is RunState.FAILED:
         raise JobFailed(f"{job}: {status.label}: {status.reason}")
     return summary
+
+
+def log_lineage(run_id: str, cfg) -> None:
+    """The job's data files as MLflow dataset inputs and its reward/gate kinds and code hashes as tags
+    (training.inputs.job_lineage)."""
+    from training.inputs import job_lineage
+
+    lineage = job_lineage(cfg)
+    with clock.span("tracking"):
+        T.log_datasets(run_id, lineage["datasets"])
+        T.set_tags(run_id, lineage["tags"])
 
 
 def log_job_plots(run_id: str, records: list[dict], out: Path, job: str) -> None:

@@ -32,7 +32,9 @@ from common.errors import BadInput
 from training.request import check_gpu_kind
 
 #: wall-clock phases of one step (same names as training.metrics.PHASES; a test keeps them equal)
-PHASES = ("rollout", "score", "sync", "optim", "eval")
+PHASES = ("rollout", "score", "sync", "optim", "eval", "reward_fn")
+#: the kind whose price the tenant's function CPU seconds are charged at (configs/prices.yaml)
+CPU_KIND = "cpu"
 MICRO = 1_000_000
 DEFAULT_PRICES_FILE = config_dir() / "prices.yaml"
 
@@ -142,6 +144,11 @@ class Ledger:
             run_id, tenant, gpu_kind, "optim", 0.0,
             tokens_generated=int(record.tokens_generated), tokens_trained=int(record.tokens_trained), steps=1,
         )
+        cpu_s = float(getattr(record, "reward_fn_cpu_s", 0.0) or 0.0)
+        if cpu_s > 0 and CPU_KIND in self.prices.gpu_hour:
+            # the reward function's own processes: their CPU seconds, at the CPU price (the GPU's wait on them is
+            # the `reward_fn` phase above)
+            self.charge(run_id, tenant, CPU_KIND, "reward_fn", cpu_s)
 
     def _cost(self, gpu_us: int, gpu_kind: str) -> Fraction:
         return Fraction(gpu_us, MICRO * 3600) * self.prices.hourly(gpu_kind)

@@ -34,11 +34,21 @@ def gate_identity(config: Any) -> tuple[str, str]:
     """(prompt set id, gate id) of a `training.config.TrainConfig`'s eval gate: the held-out prompt texts it scores
     (batch 0: the first `eval_prompts`), and its sampling seed, decode settings and gold scorer (the task config)."""
     from training.gate import batch_seed
-    from training.task import make_prompts
+    from training.inputs import job_lineage
 
-    prompts = make_prompts(config.task, config.seed).heldout[: config.eval_prompts]
     gate = {"seed": batch_seed(config.seed, 0), "max_new_tokens": config.ppo.max_new_tokens,
-            "temperature": config.ppo.temperature, "task": config.task.model_dump(mode="json")}
+            "temperature": config.ppo.temperature}
+    if config.task.kind == "synthetic":
+        from training.task import make_prompts
+
+        prompts = make_prompts(config.task, config.seed).heldout[: config.eval_prompts]
+        gate["task"] = config.task.model_dump(mode="json", exclude={"kind"})
+    else:  # a data set: its held-out file (by its own hash) and how many of its prompts the gate scores
+        tags = job_lineage(config)["tags"]
+        prompts = [tags["heldout.digest"], config.eval_prompts, config.task.prompt_key, config.task.chat_template]
+    if config.gate.kind != "gold":  # what scored them: a function (its code) or a model (its path)
+        tags = job_lineage(config)["tags"]
+        gate.update({"gate.kind": config.gate.kind, "gate": tags.get("gate.code_hash") or tags.get("gate.path")})
     return digest(prompts), digest(gate)
 
 

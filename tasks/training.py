@@ -186,7 +186,8 @@ def register_checkpoint(run_id: str, model_name: str, best: dict[str, Any], tena
             # repr: the shortest text that reads back as the same float; rounded to 6 decimals, an equal score
             # from a rerun compared higher than its own rounding and moved the alias
             tags = {"eval_score": repr(float(best["eval_score"])), "eval_se": repr(float(best["eval_se"])),
-                    "step": str(best["step"]), "tenant": tenant, "job": job, "run_state": run_state}
+                    "step": str(best["step"]), "tenant": tenant, "job": job, "run_state": run_state,
+                    **rescoring_tags(best["checkpoint"])}
             mv = c.create_model_version(model_name, source, run_id=run_id, tags=tags,
                                         description=f"{job}: step {best['step']}, held-out score "
                                                     f"{best['eval_score']:.4f} ± {best['eval_se']:.4f}")
@@ -206,3 +207,18 @@ def replay_history(out_dir: str | Path, upto_step: int, supervisor, run_id: str 
         with clock.span("tracking"):
             T.log_step_records(run_id, out)
     return out
+
+
+def rescoring_tags(checkpoint: str) -> dict[str, str]:
+    """What re-scoring a registered checkpoint needs, as version tags: the gate's kind and code hash (or model path),
+    the held-out file's digest, the task kind (training.inputs.job_lineage on the checkpoint's own config)."""
+    import yaml
+
+    from training.config import TrainConfig
+    from training.inputs import job_lineage
+
+    path = Path(checkpoint) / "config.yaml"
+    if not path.is_file():
+        return {}
+    tags = job_lineage(TrainConfig.model_validate(yaml.safe_load(path.read_text())))["tags"]
+    return {k: v for k, v in tags.items() if k.startswith(("gate.", "heldout.", "task."))}

@@ -57,6 +57,7 @@ def _as_run(config: dict) -> dict:
         config = TrainConfig.model_validate(config).model_dump(mode="json")
     except ValidationError:
         config = dict(config)  # a field since removed: compared as written, and the difference named
+    config.pop("config_dir", None)  # where the config file lay (a checkout's path), not how the bench ran
     if device is None or device == "auto":
         config["device"] = "cpu" if device is None or cuda_absent_reason() else "cuda"
     return config

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from common.errors import BadInput
 
@@ -91,6 +91,7 @@ def _divisor_near(n: int, k: int) -> int:
 class TaskConfig(Strict):
     """The synthetic "balanced text" task (see training/task.py): gold scorer, prompts, corpus, proxy RM."""
 
+    kind: Literal["synthetic"] = "synthetic"
     n_train_prompts: int = Field(512, ge=8, le=1_000_000)
     n_heldout_prompts: int = Field(128, ge=8, le=1_000_000)
     long_prompt_frac: float = Field(0.25, ge=0.0, le=1.0, description="share of '?' prompts (long answers)")
@@ -128,8 +129,96 @@ class TaskConfig(Strict):
     sft_steps: int = Field(300, ge=0, le=1_000_000)
     sft_lr: float = Field(3e-3, gt=0.0, le=1.0)
     sft_batch_size: int = Field(32, ge=1, le=65536)
-    #: local reward-model checkpoint (AutoModelForSequenceClassification, num_labels=1) instead of the proxy
+    #: moved: a local reward-model checkpoint is `reward: {kind: model, path: ...}` (refused here with that fix)
     reward_model_path: str | None = None
+
+    @field_validator("reward_model_path")
+    @classmethod
+    def _moved(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError(f"moved: write reward: {{kind: model, path: '{value}'}} (a local sequence-classification "
+                             "checkpoint) instead of task.reward_model_path")
+        return value
+
+
+class DatasetTaskConfig(Strict):
+    """A tenant's own data (training/inputs.py): train and held-out files whose `prompt_key` column is the prompt;
+    every other column reaches the reward and gate functions as a keyword list. Paths are relative to the config
+    file's folder (`TrainConfig.config_dir`)."""
+
+    kind: Literal["dataset"]
+    train: str = Field(description="train prompts: a .jsonl, .json, .parquet or .csv file")
+    heldout: str = Field(description="held-out prompts for the eval gate (never trained on)")
+    prompt_key: str = Field("prompt", min_length=1, description="the column holding the prompt")
+    #: a column of reference completions: the base policy's warm start (supervised fine-tuning) when the policy has
+    #: no checkpoint; without it (and without a checkpoint) the policy starts from random weights
+    sft_key: str | None = Field(None, min_length=1)
+    max_prompt_tokens: int = Field(256, ge=1, le=131072,
+                                   description="longer prompts are dropped (refused above 1% of a file)")
+    #: "auto": apply the tokenizer's chat template when it has one; "none": the prompt text as it is
+    chat_template: Literal["auto", "none"] = "auto"
+    sft_steps: int = Field(300, ge=0, le=1_000_000)
+    sft_lr: float = Field(3e-3, gt=0.0, le=1.0)
+    sft_batch_size: int = Field(32, ge=1, le=65536)
+    #: the byte tokenizer when the policy has no checkpoint (a checkpoint brings its own)
+    tokenizer: Literal["byte"] = "byte"
+
+
+def _kind(default: str):
+    """A discriminator that reads `kind`, with `default` when it is left out (configs written before the kinds)."""
+    def read(value: Any) -> str:
+        kind = value.get("kind", default) if isinstance(value, dict) else getattr(value, "kind", default)
+        return kind if isinstance(kind, str) else default
+    return Discriminator(read)
+
+
+TaskSpec = Annotated[Annotated[TaskConfig, Tag("synthetic")] | Annotated[DatasetTaskConfig, Tag("dataset")],
+                     _kind("synthetic")]
+
+
+class ProxyRewardConfig(ModelConfig):
+    """The learned proxy reward model of the synthetic task: the shape of a sequence-classification model fitted to
+    gold-labelled noisy preference pairs (training/models.py)."""
+
+    kind: Literal["proxy"] = "proxy"
+
+
+class FunctionSettings(Strict):
+    """Tenant code (training/tenant_code.py): `ref` is FILE.py:NAME (relative to the config's folder),
+    package.module:NAME, or a built-in (training/rewards: e.g. gsm8k:strict_match), called as
+    fn(prompts, completions, **columns) -> list[float | None] in a child process."""
+
+    kind: Literal["function"]
+    ref: str = Field(min_length=3, description="FILE.py:NAME, package.module:NAME or a built-in name")
+    timeout_s: float = Field(30.0, gt=0.0, le=86400.0, description="per call; a call past it is killed")
+    memory_mb: int = Field(2048, ge=64, le=1_048_576, description="address-space limit of a function's process")
+
+
+class FunctionRewardConfig(FunctionSettings):
+    max_error_frac: float = Field(0.01, ge=0.0, le=1.0,
+                                  description="share of a batch's samples that may raise before the job fails")
+    workers: int = Field(2, ge=1, le=256, description="processes running the tenant's functions")
+
+
+class ModelScorerConfig(Strict):
+    kind: Literal["model"]
+    path: str = Field(min_length=1, description="a local sequence-classification checkpoint (num_labels=1)")
+
+
+RewardSpec = Annotated[Annotated[ProxyRewardConfig, Tag("proxy")] | Annotated[FunctionRewardConfig, Tag("function")]
+                       | Annotated[ModelScorerConfig, Tag("model")], _kind("proxy")]
+
+
+class GoldGateConfig(Strict):
+    kind: Literal["gold"] = "gold"
+
+
+class FunctionGateConfig(FunctionSettings):
+    pass
+
+
+GateSpec = Annotated[Annotated[GoldGateConfig, Tag("gold")] | Annotated[FunctionGateConfig, Tag("function")]
+                     | Annotated[ModelScorerConfig, Tag("model")], _kind("gold")]
 
 
 class PPOConfig(Strict):
@@ -225,8 +314,16 @@ class TrainConfig(Strict):
     seed: int = Field(0, ge=0, le=2**32 - 1)
     steps: int = Field(100, ge=1, le=10_000_000)
     policy: ModelConfig = Field(default_factory=ModelConfig)
-    reward: ModelConfig = Field(default_factory=ModelConfig)
-    task: TaskConfig = Field(default_factory=TaskConfig)
+    #: what scores training samples: the synthetic task's learned proxy (the default; its model shape), a tenant's
+    #: function, or a local reward-model checkpoint
+    reward: RewardSpec = Field(default_factory=ProxyRewardConfig)
+    #: the job's prompts: the synthetic task (the default) or a tenant's data set
+    task: TaskSpec = Field(default_factory=TaskConfig)
+    #: what scores held-out responses for the eval gate: the synthetic task's gold scorer, a function, or a model
+    gate: GateSpec = Field(default_factory=GoldGateConfig)
+    #: the folder relative paths of the config (data files, FILE.py refs) are read from, and the tenant functions'
+    #: working directory: set to the config file's folder when a file is loaded; None: the working directory
+    config_dir: str | None = None
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     oppo: OPPOConfig = Field(default_factory=OPPOConfig)
     fault: FaultConfig = Field(default_factory=FaultConfig)
@@ -260,6 +357,14 @@ class TrainConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
+        if self.task.kind == "dataset":
+            if self.reward.kind == "proxy":
+                raise ValueError("reward: a dataset task needs reward.kind function (ref: FILE.py:NAME) or model "
+                                 "(path: a reward-model checkpoint); the proxy is the synthetic task's own")
+            if self.gate.kind == "gold":
+                raise ValueError("gate: a dataset task needs gate.kind function (ref: FILE.py:NAME) or model; the "
+                                 "gold scorer is the synthetic task's own")
+            return self  # the held-out count is known once the file is read (training/inputs.py)
         if self.eval_prompts > self.task.n_heldout_prompts:
             raise ValueError(f"eval_prompts ({self.eval_prompts}) exceeds task.n_heldout_prompts "
                              f"({self.task.n_heldout_prompts}): the gate would silently score fewer prompts "
@@ -269,13 +374,33 @@ class TrainConfig(Strict):
 
 #: ByT5's byte-level tokenizer: 256 bytes + pad, eos, unk (tests/cli/test_bad_input.py checks it against the tokenizer)
 BYTE_VOCAB = 259
-#: prompts are at most this many tokens (training/models.py: positions = 32 + 2 * max_new_tokens)
+#: the synthetic task's prompts are at most this many tokens (training/models.py: positions = prompt positions +
+#: 2 * max_new_tokens); a dataset task's are at most its `max_prompt_tokens`
 PROMPT_POSITIONS = 32
 
 
-def vocab_size(task: TaskConfig) -> int:
+def prompt_positions(cfg: TrainConfig) -> int:
+    """Positions a prompt may take: the synthetic task's 32, or a dataset task's `max_prompt_tokens`."""
+    return cfg.task.max_prompt_tokens if cfg.task.kind == "dataset" else PROMPT_POSITIONS
+
+
+def max_positions(cfg: TrainConfig) -> int:
+    """Positions a model of the job is built for: a prompt, a carried response and a fresh one."""
+    return prompt_positions(cfg) + 2 * cfg.ppo.max_new_tokens
+
+
+def vocab_size(task: TaskConfig | DatasetTaskConfig) -> int:
     """Ids of the tokenizer the task names (a checkpoint's own tokenizer is not estimated here)."""
-    return task.vocab_size if task.tokenizer == "bpe" else BYTE_VOCAB
+    return task.vocab_size if task.kind == "synthetic" and task.tokenizer == "bpe" else BYTE_VOCAB
+
+
+def scorer_models(cfg: TrainConfig) -> list[tuple[str, ModelConfig]]:
+    """The models whose shape the config gives (role, shape): the policy (critic and reference share it) and the
+    synthetic task's proxy reward model; a function or a checkpoint reward has none."""
+    out = [("policy", cfg.policy)]
+    if cfg.reward.kind == "proxy":
+        out.append(("reward", cfg.reward))
+    return out
 
 
 #: tokens per micro-batch of the PPO update (training/trainer.py `_micro_batches`): backward runs per micro-batch,
@@ -307,7 +432,7 @@ def train_memory_bytes(cfg: TrainConfig) -> float:
     per token). Key/value caches and activations take 2 bytes a float under `dtype: bfloat16`, 4 under float32; the
     weights term stays at float32 whatever the dtype: the trainable models keep float32 weights, gradients and AdamW
     moments (docs/training.md), and the frozen ones in bfloat16 plus autocast's copies fit in what it allows."""
-    positions = PROMPT_POSITIONS + 2 * cfg.ppo.max_new_tokens
+    positions = max_positions(cfg)
     weights = 0.0
     kv = 0.0
     act = 0.0
@@ -318,7 +443,7 @@ def train_memory_bytes(cfg: TrainConfig) -> float:
     act_bytes = 2.0 if cfg.dtype == "bfloat16" else 4.0
     if not cfg.policy.model_name_or_path:
         act += 3 * 4.0 * micro_tokens * vocab
-    for mc in (cfg.policy, cfg.reward):
+    for _, mc in scorer_models(cfg):
         if mc.model_name_or_path:
             continue  # a checkpoint's size is its own; not estimated here
         weights += 20.0 * parameter_count(mc, positions, vocab)
@@ -332,9 +457,9 @@ def check_train_memory(cfg: TrainConfig) -> None:
     """BadInput before any model is allocated when the estimate exceeds the memory limit."""
     from common.validate import check_memory
 
-    positions = PROMPT_POSITIONS + 2 * cfg.ppo.max_new_tokens
+    positions = max_positions(cfg)
     sizes = ", ".join(f"{role} {parameter_count(mc, positions, vocab_size(cfg.task)) / 1e6:,.1f}M parameters"
-                      for role, mc in (("policy", cfg.policy), ("reward", cfg.reward)) if not mc.model_name_or_path)
+                      for role, mc in scorer_models(cfg) if not mc.model_name_or_path)
     check_memory(train_memory_bytes(cfg), "policy/reward", f"training ({sizes}; batch {cfg.ppo.batch_size}, "
                  f"max_new_tokens {cfg.ppo.max_new_tokens})",
                  "lower hidden_size, num_layers or intermediate_size (or batch_size, max_new_tokens)")
@@ -345,14 +470,39 @@ def check_train_resources(cfg: TrainConfig) -> None:
     directory would otherwise be looked up on the Hugging Face Hub) and the warm-start cache is a directory."""
     from common.validate import check_out_dir
 
-    for field, path in (("policy.model_name_or_path", cfg.policy.model_name_or_path),
-                        ("reward.model_name_or_path", cfg.reward.model_name_or_path),
-                        ("task.reward_model_path", cfg.task.reward_model_path)):
+    checkpoints = [("policy.model_name_or_path", cfg.policy.model_name_or_path)]
+    if cfg.reward.kind == "proxy":
+        checkpoints.append(("reward.model_name_or_path", cfg.reward.model_name_or_path))
+    for role in ("reward", "gate"):
+        scorer = getattr(cfg, role)
+        if scorer.kind == "model":
+            checkpoints.append((f"{role}.path", scorer.path))
+    for field, path in checkpoints:
         if path and not (Path(path) / "config.json").is_file():
             raise BadInput(f"{field}: '{path}' is not a local checkpoint directory with a config.json "
                            "(nothing is downloaded: pass a saved transformers model directory)")
     check_out_dir(cfg.cache_dir, "cache_dir")
     check_train_memory(cfg)
+
+
+def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` with the paths it names (data files, checkpoints) made absolute against `config_dir` (default the
+    working directory), so a checkpoint's saved config re-scores from anywhere. A FILE.py ref stays as written (the
+    tenant's own words in messages) and is read against `config_dir` (training/tenant_code.py)."""
+    base = Path(cfg.config_dir) if cfg.config_dir else Path.cwd()
+
+    def absolute(path: str) -> str:
+        return str(path if Path(path).is_absolute() else (base / path).resolve())
+
+    update: dict[str, Any] = {}
+    if cfg.task.kind == "dataset":
+        update["task"] = cfg.task.model_copy(update={"train": absolute(cfg.task.train),
+                                                      "heldout": absolute(cfg.task.heldout)})
+    for role in ("reward", "gate"):
+        scorer = getattr(cfg, role)
+        if scorer.kind == "model":
+            update[role] = scorer.model_copy(update={"path": absolute(scorer.path)})
+    return cfg.model_copy(update=update) if update else cfg
 
 
 def resolve_config(config: str | Path | dict, overrides: dict | None = None) -> TrainConfig:
@@ -362,6 +512,11 @@ def resolve_config(config: str | Path | dict, overrides: dict | None = None) -> 
 
     defaults = None if isinstance(config, dict) else {"name": Path(config).stem}
     cfg = load_model(TrainConfig, config, overrides, field="config", defaults=defaults)
+    if cfg.config_dir is None and not isinstance(config, dict):
+        from common.config import config_path
+
+        cfg = cfg.model_copy(update={"config_dir": str(config_path(config).resolve().parent)})
+    cfg = with_absolute_paths(cfg)
     check_train_resources(cfg)
     return cfg
 

@@ -312,7 +312,9 @@ def score_sequences(scorers: dict[str, IncrementalScorer], seqs: list[Sequence],
     res = {}
     for k, s in enumerate(seqs):
         n = len(s.response_ids)
-        res[s.uid] = {"ref": outs["ref"][k, ids.shape[1] - n :], "reward": float(outs["reward"][k, -1]),
+        # no reward model: a reward function scores the finished samples after the rollout (training/trainer.py)
+        reward = float(outs["reward"][k, -1]) if "reward" in outs else float("nan")
+        res[s.uid] = {"ref": outs["ref"][k, ids.shape[1] - n :], "reward": reward,
                       "critic": outs["critic"][k, ids.shape[1] - n :] if "critic" in outs else None}
     return res
 

@@ -17,9 +17,11 @@ from training.config import TrainConfig
 from training.device import autocast, model_device, resolve_device
 from training.engine import TransformersEngine, left_pad
 from training.gate import PromptRecord, batch_seed, heldout_batches, proxy_scores, summary
+from training.inputs import JobInputs, job_inputs
 from training.metrics import NAN
-from training.models import Tokenizer, _max_positions, build_causal_lm, format_prompt, frozen_copy, tokenizer_for
-from training.task import gold_score, make_prompts, parseable
+from training.models import Tokenizer, _max_positions, build_causal_lm, checkpoint_scorer, frozen_copy, tokenizer_for
+from training.scorers import HeldoutScorer
+from training.task import parseable
 
 
 @dataclass
@@ -44,10 +46,20 @@ class EvalGate:
         """Score held-out batch `batch` (0: the gate's prompts; 1, 2, ...: the extension batches) with its fixed
         sampling seed (common random numbers, training/gate.py): gold and proxy score per prompt."""
         cfg = self.cfg
-        rng = heldout_batches(cfg.task.n_heldout_prompts, cfg.eval_prompts, cfg.eval_extra_batch)[batch]
-        return gold_eval(policy if policy is not None else self.actor, [self.prompts.heldout[i] for i in rng], cfg,
+        rng = heldout_batches(self.inputs.n_heldout, cfg.eval_prompts, cfg.eval_extra_batch)[batch]
+        return gold_eval(policy if policy is not None else self.actor, self.inputs.heldout_prompts(rng), cfg,
                          tok=self.tok, seed=batch_seed(cfg.seed, batch), prompt_ids=list(rng),
-                         reward_model=self.reward_model, proxy_bonus=self._proxy_bonus)
+                         reward_model=self.reward_model, proxy_bonus=self._proxy_bonus, inputs=self.inputs,
+                         scorer=self.heldout_scorer())
+
+    def heldout_scorer(self) -> HeldoutScorer:
+        """The gate's scorer (training/scorers.py), built once: the gold scorer, the gate function (in the job's
+        tenant-code processes) or the gate's model."""
+        if getattr(self, "_heldout_scorer", None) is None:
+            model = (checkpoint_scorer(self.cfg.gate.path, self.tok, self.cfg, self.device)
+                     if self.cfg.gate.kind == "model" else None)
+            self._heldout_scorer = HeldoutScorer(self.cfg, self.inputs, self.tok, self.tenant_pool, model)
+        return self._heldout_scorer
 
     def gate(self) -> GoldEval:
         """The eval gate at the current step: held-out batch 0, its per-prompt records kept (`gate_records`) and
@@ -83,7 +95,7 @@ class EvalGate:
         ({step: the batch's records}, eval seconds spent); ({}, 0.0) when the budget or the held-out pool is spent.
         The records are appended to gate_records.csv; the seconds belong to the ledger's `eval` phase."""
         cfg = self.cfg
-        batches = heldout_batches(cfg.task.n_heldout_prompts, cfg.eval_prompts, cfg.eval_extra_batch)
+        batches = heldout_batches(self.inputs.n_heldout, cfg.eval_prompts, cfg.eval_extra_batch)
         steps = tuple(dict.fromkeys(int(s) for s in steps))
         have = {s: self.gate_extended.get(s, 0) for s in steps}
         batch = 1 + min(have.values()) if have else 1
@@ -111,13 +123,16 @@ def _scoring_device(trained_on: str) -> torch.device:
 
 @torch.no_grad()
 def generate(policy: torch.nn.Module, tok: Tokenizer, prompts: list[str], max_new_tokens: int,
-             temperature: float = 1.0, seed: int = 0) -> list[list[int]]:
+             temperature: float = 1.0, seed: int = 0, render=None) -> list[list[int]]:
     """Sample one response per prompt with the KV-cached engine (no overlap), on the policy's device; returns token
-    ids."""
+    ids. `render(prompt) -> text` is how the job's inputs present a prompt (default the synthetic task's)."""
+    from training.models import format_prompt
+
+    render = render or format_prompt
     engine = TransformersEngine(tok.eos_id, tok.pad_id, temperature)
     engine.sync(policy, 0)
     device = model_device(policy)
-    ids, attn = left_pad([tok.encode(format_prompt(p)) for p in prompts], tok.pad_id)
+    ids, attn = left_pad([tok.encode(render(p)) for p in prompts], tok.pad_id)
     n = len(prompts)
     gen = torch.Generator(device=device).manual_seed(seed)
     engine.begin(ids.to(device), attn.to(device), torch.zeros(n, dtype=torch.bool, device=device),
@@ -131,7 +146,8 @@ def generate(policy: torch.nn.Module, tok: Tokenizer, prompts: list[str], max_ne
 def gold_eval(policy_or_checkpoint, prompts: list[str] | None = None, config: TrainConfig | None = None, *,
               tok: Tokenizer | None = None, seed: int | None = None, prompt_ids: list[int] | None = None,
               reward_model: torch.nn.Module | None = None, proxy_bonus=None,
-              device: torch.device | str | None = None) -> GoldEval:
+              device: torch.device | str | None = None, inputs: JobInputs | None = None,
+              scorer: HeldoutScorer | None = None) -> GoldEval:
     """Gold score (world feedback) of a policy on held-out prompts: mean, standard error, n, and one
     `PromptRecord` per prompt.
 
@@ -143,7 +159,9 @@ def gold_eval(policy_or_checkpoint, prompts: list[str] | None = None, config: Tr
     plus `proxy_bonus(text)` where training's reward adds one (NaN without a reward model). A checkpoint is loaded
     onto `device` (default: the CPU when its config says cpu, else CUDA when present: the machine scoring it need not
     have the GPU that trained it); a live policy is scored where it is. Sampling runs at
-    the config's dtype (bfloat16 autocast), as the trainer's gate does.
+    the config's dtype (bfloat16 autocast), as the trainer's gate does. `inputs` and `scorer` (default: built from the
+    config) are the job's prompts (training/inputs.py) and the gate's scorer (training/scorers.py: the gold scorer, a
+    gate function or a gate model); `gold_score` of a record is that scorer's score.
     """
     if isinstance(policy_or_checkpoint, (str, Path)):
         ckpt = Path(policy_or_checkpoint)
@@ -159,19 +177,28 @@ def gold_eval(policy_or_checkpoint, prompts: list[str] | None = None, config: Tr
         if config is None:
             raise BadInput("gold_eval: pass config= when evaluating a live policy")
         tok = tok or tokenizer_for(config)
+    inputs = inputs or job_inputs(config, tok)
+    own_scorer = scorer is None
+    if own_scorer:
+        scorer = heldout_scorer_for(config, inputs, tok, model_device(policy))
     if prompts is None:
-        prompts = make_prompts(config.task, config.seed).heldout[: config.eval_prompts]
+        prompts = inputs.heldout_prompts(range(min(config.eval_prompts, inputs.n_heldout)))
     ids = list(prompt_ids) if prompt_ids is not None else list(range(len(prompts)))
     if len(ids) != len(prompts):
         raise ValueError(f"gold_eval: {len(prompts)} prompts but {len(ids)} prompt_ids")
     seed = batch_seed(config.seed, 0) if seed is None else int(seed)
     with autocast(model_device(policy), config.dtype):
-        responses = generate(policy, tok, prompts, config.ppo.max_new_tokens, config.ppo.temperature, seed=seed)
+        responses = generate(policy, tok, prompts, config.ppo.max_new_tokens, config.ppo.temperature, seed=seed,
+                             render=inputs.render)
     texts = [tok.decode(r) for r in responses]
-    golds = [gold_score(p, t, config.task) for p, t in zip(prompts, texts, strict=True)]
+    try:
+        golds = scorer.score(prompts, texts, responses, ids)
+    finally:
+        if own_scorer:
+            scorer.close()
     if reward_model is not None:
         with autocast(model_device(reward_model), config.dtype):
-            proxies = proxy_scores(reward_model, [tok.encode(format_prompt(p)) for p in prompts], responses,
+            proxies = proxy_scores(reward_model, [tok.encode(inputs.render(p)) for p in prompts], responses,
                                    tok.pad_id)
         if proxy_bonus is not None:
             proxies = [v + proxy_bonus(t) for v, t in zip(proxies, texts, strict=True)]
@@ -182,4 +209,13 @@ def gold_eval(policy_or_checkpoint, prompts: list[str] | None = None, config: Tr
     mean, se = summary(records)
     return GoldEval(mean=mean, se=se, n=len(records),
                     response_len_mean=float(np.mean([len(r) for r in responses])),
-                    unparseable_rate=float(np.mean([not parseable(t) for t in texts])), records=records)
+                    unparseable_rate=(float(np.mean([not parseable(t) for t in texts])) if inputs.kind == "synthetic"
+                                      else 0.0), records=records)
+
+
+def heldout_scorer_for(config: TrainConfig, inputs: JobInputs, tok: Tokenizer,
+                       device: torch.device | str | None = None) -> HeldoutScorer:
+    """A gate scorer of its own (a checkpoint scored outside its trainer): its tenant-code pool, if it needs one, is
+    stopped by `HeldoutScorer.close`."""
+    model = checkpoint_scorer(config.gate.path, tok, config, device) if config.gate.kind == "model" else None
+    return HeldoutScorer(config, inputs, tok, model=model, own_pool=True)

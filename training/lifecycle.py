@@ -473,4 +473,14 @@ def job_record(outcome: JobOutcome) -> dict[str, Any]:
     if status.state.value == "PAUSED_BY_GATE":
         out.update(paused_step=status.step, reason=status.reason,
                    best_step=outcome.best["step"] if outcome.best else None)
+    if status.state.value == "FAILED":
+        out.update(failure_class=status.failure.value if status.failure else None, reason=status.reason)
+        examples = tenant_examples(outcome.error)
+        if examples:
+            out["examples"] = examples
     return out
+
+
+def tenant_examples(error: BaseException | None) -> list[dict[str, str]]:
+    """The samples the tenant's code failed on (prompt, completion, error, traceback tail), when it did."""
+    return list(getattr(error, "examples", None) or [])

@@ -8,8 +8,9 @@ from dataclasses import asdict, dataclass, field
 
 NAN = float("nan")
 
-#: wall-clock phases of one PPO step (the runbook's `rlapi_step_phase_seconds{phase=...}`)
-PHASES = ("rollout", "score", "sync", "optim", "eval")
+#: wall-clock phases of one PPO step (the runbook's `rlapi_step_phase_seconds{phase=...}`); `reward_fn`: the step's
+#: wait on the tenant's reward function (training/scorers.py), 0 with a reward model
+PHASES = ("rollout", "score", "sync", "optim", "eval", "reward_fn")
 
 
 @dataclass(slots=True)
@@ -62,6 +63,8 @@ class StepRecord:
     # those begun and finished in this step (NaN when a group is empty): the carried-vs-fresh length drift
     len_carried_mean: float = NAN
     len_fresh_mean: float = NAN
+    # CPU seconds the tenant's reward function used in its own processes this step (charged to the tenant)
+    reward_fn_cpu_s: float = 0.0
 
     def flat(self) -> dict[str, float]:
         """One flat dict of numbers (phase times as `phase_<name>_s`) for CSV rows and metric loggers."""

@@ -26,6 +26,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -85,6 +86,7 @@ def tokenizer_for(cfg: TrainConfig) -> Tokenizer:
 
 
 def format_prompt(prompt: str) -> str:
+    """The synthetic task's prompt as the model reads it (training/inputs.py `SyntheticInputs.render`)."""
     return prompt + " "
 
 
@@ -155,14 +157,26 @@ def _build_code() -> str:
     return digest.hexdigest()[:12]
 
 
+def _dump(part) -> Any:
+    """A config part as the cache key reads it: a `kind` left at its default (the synthetic task, the proxy) is left
+    out, so warm starts cached before the kinds existed keep their keys."""
+    if not hasattr(part, "model_dump"):
+        return part
+    out = part.model_dump()
+    if out.get("kind") in ("synthetic", "proxy"):
+        out.pop("kind")
+    return out
+
+
 def _hash(*parts) -> str:
-    blob = json.dumps([p.model_dump() if hasattr(p, "model_dump") else p for p in parts] + [_build_code()],
-                      sort_keys=True)
+    blob = json.dumps([_dump(p) for p in parts] + [_build_code()], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def _max_positions(cfg: TrainConfig) -> int:
-    return 32 + 2 * cfg.ppo.max_new_tokens
+    from training.config import max_positions
+
+    return max_positions(cfg)
 
 
 def _pad_right(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -293,13 +307,63 @@ def _cached(path: Path, model: torch.nn.Module, build) -> None:
     os.replace(tmp, path)
 
 
-def base_policy(cfg: TrainConfig, tok: Tokenizer, device: torch.device | str | None = None) -> PreTrainedModel:
+def sft_references(cfg: TrainConfig, tok: Tokenizer, model: PreTrainedModel, inputs: Any) -> None:
+    """Fit the base policy to a data set's reference completions (`task.sft_key`: response tokens + EOS only), in
+    place: length-bucketed batches of train rows drawn with the run's seed, the same schedule as the synthetic
+    corpus's `sft_base_policy`."""
+    task = cfg.task
+    rng = np.random.default_rng([cfg.seed, 303])
+    opt = torch.optim.AdamW(model.parameters(), lr=task.sft_lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / task.sft_steps))
+    model.train()
+    device = _device_of(model)
+    cap = cfg.ppo.max_new_tokens
+    batches: list[list[tuple[list[int], int]]] = []
+    for _ in range(task.sft_steps):
+        if not batches:
+            pool = []
+            for _ in range(8 * task.sft_batch_size):
+                row = int(rng.integers(inputs.n_train))
+                p_ids = tok.encode(inputs.render(inputs.prompt("train", row)))
+                r_ids = tok.encode(str(inputs.reference(row) or ""))[:cap]
+                pool.append((p_ids + r_ids + ([tok.eos_id] if len(r_ids) < cap else []), len(p_ids)))
+            pool.sort(key=lambda x: len(x[0]))
+            batches = [pool[k : k + task.sft_batch_size] for k in range(0, len(pool), task.sft_batch_size)]
+            rng.shuffle(batches)
+        batch = batches.pop()
+        seqs, starts = [b[0] for b in batch], [b[1] for b in batch]
+        ids, mask = (t.to(device) for t in _pad_right(seqs, tok.pad_id))
+        labels = ids.clone()
+        labels[mask == 0] = -100
+        for i, s in enumerate(starts):
+            labels[i, :s] = -100
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+    model.eval()
+
+
+def base_policy(cfg: TrainConfig, tok: Tokenizer, device: torch.device | str | None = None,
+                inputs: Any = None) -> PreTrainedModel:
     """The base policy (= reference): a checkpoint, or the tiny model fitted to the corpus (cached), on `device`
     (default the CPU). Initialised on the CPU (the same weights on every device), fitted where it lives, in float32
-    whatever the job's dtype (a float32 and a bfloat16 job start from the same base policy)."""
+    whatever the job's dtype (a float32 and a bfloat16 job start from the same base policy). A dataset task's tiny
+    model is fitted to its reference completions (`task.sft_key`; `inputs`: its training/inputs.py `JobInputs`),
+    keyed by the train file's digest; without references it starts from random weights."""
     torch.manual_seed(cfg.seed)
     model = build_causal_lm(cfg.policy, tok, _max_positions(cfg)).to(device or "cpu")
     if cfg.policy.model_name_or_path or cfg.task.sft_steps == 0:
+        return model.eval()
+    if cfg.task.kind == "dataset":
+        if inputs is None or not inputs.has_references:
+            return model.eval()
+        key = _hash(cfg.policy, cfg.task.model_dump(exclude={"train", "heldout"}), inputs.train.digest, cfg.seed,
+                    cfg.ppo.max_new_tokens, *_device_key(device))
+        _cached(Path(cfg.cache_dir) / f"base-{key}.pt", model, lambda: sft_references(cfg, tok, model, inputs))
         return model.eval()
     key = _hash(cfg.policy, cfg.task.model_dump(include={"n_train_prompts", "n_heldout_prompts", "long_prompt_frac",
                 "short_mean_len", "long_mean_len", "vowel_beta", "sft_steps", "sft_lr", "sft_batch_size",
@@ -310,17 +374,25 @@ def base_policy(cfg: TrainConfig, tok: Tokenizer, device: torch.device | str | N
 
 
 def proxy_reward_model(cfg: TrainConfig, tok: Tokenizer, device: torch.device | str | None = None) -> PreTrainedModel:
-    """The proxy reward model: a checkpoint (`task.reward_model_path`), or one fitted to noisy gold pairs; on `device`
-    (default the CPU), as `base_policy`."""
+    """The reward model: a local checkpoint (`reward: {kind: model, path}`), or the synthetic task's proxy fitted to
+    noisy gold pairs; on `device` (default the CPU), as `base_policy`."""
     torch.manual_seed(cfg.seed + 1)
     device = device or "cpu"
-    if cfg.task.reward_model_path:
-        return build_scorer(cfg.reward, tok, _max_positions(cfg), path=cfg.task.reward_model_path).to(device).eval()
+    if cfg.reward.kind == "model":
+        return checkpoint_scorer(cfg.reward.path, tok, cfg, device)
+    if cfg.reward.kind != "proxy":
+        raise ValueError(f"reward.kind {cfg.reward.kind!r} has no reward model")
     model = build_scorer(cfg.reward, tok, _max_positions(cfg)).to(device)
     key = _hash(cfg.reward, cfg.task, cfg.seed, cfg.ppo.max_new_tokens, *_device_key(device))
     train = train_proxy_rm_trl if cfg.task.rm_trainer == "trl" else train_proxy_rm_torch
     _cached(Path(cfg.cache_dir) / f"rm-{key}.pt", model, lambda: train(cfg, tok, model))
     return model.to(device).eval()  # TRL's trainer (use_cpu) may have moved it
+
+
+def checkpoint_scorer(path: str, tok: Tokenizer, cfg: TrainConfig, device: torch.device | str | None = None
+                      ) -> PreTrainedModel:
+    """A local sequence-classification checkpoint (a reward model, or a gate's scorer), frozen, on `device`."""
+    return build_scorer(cfg.policy, tok, _max_positions(cfg), path=path).to(device or "cpu").eval()
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:

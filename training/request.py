@@ -318,6 +318,9 @@ def _check(request: JobRequest) -> CheckedJob:
     from training.device import check_named_cuda
 
     check_named_cuda(cfg.device)  # refused here, before any slot or model, when absent
+    from training.inputs import check_inputs
+
+    check_inputs(cfg)  # a tenant's data files and function refs: bad data is bad input, found before any slot
     from eval.health import Catalog
 
     if request.detector is not None:  # its parameters were checked by the model; here with the calibrated thresholds

@@ -36,6 +36,8 @@ class Sequence:
     prompt_ids: list[int]
     enqueued_step: int
     response_ids: list[int] = field(default_factory=list)
+    #: the prompt's row in the job's train split (training/inputs.py: its columns reach a reward function)
+    row: int = -1
     versions: list[int] = field(default_factory=list)  # policy version that generated each token
     #: log pi_behav(token) under the weights that sampled it (the off-policy correction's denominator)
     behav_logprobs: list[float] = field(default_factory=list)
@@ -228,7 +230,8 @@ def rollout(
             old_logprobs=sel_lp[k, cols],
             ref_logprobs=outs["ref"][k, cols],
             values=outs["critic"][k, cols] if "critic" in outs else None,
-            score=float(outs["reward"][k, last]),
+            # no reward model: a reward function scores the finished samples after the rollout (training/trainer.py)
+            score=float(outs["reward"][k, last]) if "reward" in outs else float("nan"),
             behav_logprobs=_behav(seqs[i], sel_lp[k, cols]),
         ))
     chosen_rows = set(rows)

@@ -54,20 +54,21 @@ from training.device import autocast, check_gpu_memory, out_of_memory, resolve_d
 from training.engine import IncrementalScorer, TransformersEngine
 from training.evaluation import EvalGate, GoldEval, generate, gold_eval
 from training.gate import GATE_RECORDS, GateRecordsCSV, PromptRecord
+from training.inputs import job_inputs
 from training.metrics import NAN, StepRecord
 from training.models import (
     Tokenizer,
     _max_positions,
     base_policy,
     build_scorer,
-    format_prompt,
     frozen_copy,
     proxy_reward_model,
     tokenizer_for,
 )
 from training.oppo import ChunkTuner, DeltaController
 from training.rollout import Sample, Sequence, rollout
-from training.task import make_prompts, parseable
+from training.scorers import FunctionScorer, raised_too_often
+from training.task import parseable
 from training.update import PPOUpdate
 
 __all__ = ["OVERLAPS", "GoldEval", "MetricsCSV", "Trainer", "check_overlap", "generate", "gold_eval",
@@ -106,16 +107,25 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         self.group_size = cfg.ppo.group_size if self.grouped else 1
         self.units_per_step = cfg.ppo.batch_size // self.group_size
 
-        self._say("building tokenizer, base policy and proxy reward model (cached after the first run)")
+        self._say("building tokenizer, base policy and reward model (cached after the first run)")
         self.tok: Tokenizer = tokenizer_for(cfg)
-        self.prompts = make_prompts(cfg.task, cfg.seed)
-        base = base_policy(cfg, self.tok, self.device)
+        #: the job's prompts and their columns (training/inputs.py): the synthetic task or the tenant's data set
+        self.inputs = job_inputs(cfg, self.tok, warn=self._say)
+        #: the tenant's functions run in child processes (training/tenant_code.py), started when first called
+        self._pool = None
+        self._no_score_frac = 0.0
+        self.reward_fn = (FunctionScorer(cfg.reward, "reward function", "reward.ref", cfg.config_dir, self.tenant_pool)
+                          if cfg.reward.kind == "function" else None)
+        if self.reward_fn is not None:
+            self.reward_fn.check()
+        base = base_policy(cfg, self.tok, self.device, self.inputs)
         # trainable models keep float32 weights (and AdamW state); the frozen ones are stored at the job's dtype
         frozen_dtype = torch_dtype(cfg.dtype)
         self.ref = frozen_copy(base).to(frozen_dtype)
         self.actor = base
         self.actor.train(False)
-        self.reward_model = frozen_copy(proxy_reward_model(cfg, self.tok, self.device)).to(frozen_dtype)
+        self.reward_model = (None if self.reward_fn is not None else
+                             frozen_copy(proxy_reward_model(cfg, self.tok, self.device)).to(frozen_dtype))
         self.critic = None
         if not self.grouped:
             self.critic = build_scorer(cfg.policy, self.tok, _max_positions(cfg)).to(self.device)
@@ -136,8 +146,9 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
                                            refill_min=cfg.oppo.refill_min)
         else:
             self.engine = TransformersEngine(self.tok.eos_id, self.tok.pad_id, cfg.ppo.temperature)
-        self.scorers = {"ref": IncrementalScorer(self.ref, "logprob", cfg.ppo.temperature),
-                        "reward": IncrementalScorer(self.reward_model, "reward")}
+        self.scorers = {"ref": IncrementalScorer(self.ref, "logprob", cfg.ppo.temperature)}
+        if self.reward_model is not None:
+            self.scorers["reward"] = IncrementalScorer(self.reward_model, "reward")
         if self.critic is not None:
             self.scorers["critic"] = IncrementalScorer(self.critic, "value")
 
@@ -170,6 +181,26 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
                 self._say(f"resuming from {ckpt}")
                 self.load_checkpoint(ckpt)
 
+    def tenant_pool(self):
+        """The job's pool of tenant-code processes (training/tenant_code.py), started on first use; `close` stops
+        it (the trainer's run does at its end; a later call starts a fresh one)."""
+        if self._pool is None:
+            from pathlib import Path as _Path
+
+            from training.tenant_code import TenantFunctionPool
+
+            workers = self.cfg.reward.workers if self.cfg.reward.kind == "function" else 1
+            memory = max(s.memory_mb for s in (self.cfg.reward, self.cfg.gate) if s.kind == "function")
+            cwd = _Path(self.cfg.config_dir) if self.cfg.config_dir else _Path.cwd()
+            self._pool = TenantFunctionPool(cwd, workers=workers, memory_mb=memory)
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the tenant-code processes (idempotent)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
     def autocast(self):
         """The forward passes' precision (training/device.py): bfloat16 autocast on the job's device, or none."""
         return autocast(self.device, self.cfg.dtype)
@@ -187,13 +218,14 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
 
     def _new_unit(self) -> list[Sequence]:
         """One freshly drawn prompt: `group_size` sequences of it (one for PPO)."""
-        prompt = self.prompts.train[int(self.prompt_rng.integers(len(self.prompts.train)))]
-        ids = self.tok.encode(format_prompt(prompt))
+        row = int(self.prompt_rng.integers(self.inputs.n_train))
+        prompt = self.inputs.prompt("train", row)
+        ids = self.tok.encode(self.inputs.render(prompt))
         group = self.next_uid
         unit = []
         for _ in range(self.group_size):
             unit.append(Sequence(uid=self.next_uid, group=group, prompt=prompt, prompt_ids=ids,
-                                 enqueued_step=self.step))
+                                 enqueued_step=self.step, row=row))
             self.next_uid += 1
         return unit
 
@@ -225,6 +257,28 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
             score += self.cfg.fault.bonus * text.count(self.cfg.fault.trigger)
         return score
 
+    def _function_rewards(self, samples: list[Sample]) -> tuple[list[Sample], float, float]:
+        """Score the step's finished samples with the reward function (in its processes): each sample's score is
+        what it returned; a sample it raised on or gave None has no reward and is left out of the update. More than
+        `reward.max_error_frac` of the batch raising fails the job (TenantCodeError, a tenant code fault). Returns
+        the samples kept, the call's wall seconds (the `reward_fn` phase) and the CPU seconds it used."""
+        prompts = [s.seq.prompt for s in samples]
+        texts = [self.tok.decode(s.seq.response_ids) for s in samples]
+        got = self.reward_fn(prompts, texts, self.inputs.columns("train", [s.seq.row for s in samples]))
+        raised_too_often(self.reward_fn, got.failures, len(samples), self.step + 1, self.cfg.reward.max_error_frac)
+        for s, score in zip(samples, got.scores, strict=True):
+            s.score = NAN if score is None else float(score)
+        unscored = {s.seq.group if self.grouped else s.seq.uid for s in samples if not np.isfinite(s.score)}
+        # a group trains whole or not at all (its advantages are relative to its members)
+        kept = [s for s in samples if (s.seq.group if self.grouped else s.seq.uid) not in unscored]
+        self._no_score_frac = 1.0 - len(kept) / max(1, len(samples))
+        if not kept:
+            from eval.attribution import TenantCodeError
+
+            raise TenantCodeError(f"your reward function {self.reward_fn.text} scored none of the {len(samples)} "
+                                  f"samples of step {self.step + 1} (every score None or raised): nothing to train on")
+        return kept, got.wall_s, got.cpu_s
+
     def run(self, steps: int | None = None) -> Iterator[StepRecord]:
         """Train until `steps` total steps (default: config.steps); yields one record per step."""
         total = steps if steps is not None else self.cfg.steps
@@ -243,6 +297,7 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
                     self.save_checkpoint()
                 yield record
         finally:
+            self.close()
             if writer:
                 writer.close()
             if self.out_dir:
@@ -291,6 +346,10 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
                 s.versions = (s.versions * 2)[:keep]
                 s.behav_logprobs = (s.behav_logprobs * 2)[:keep]
         samples = out.samples
+        if self.reward_fn is not None:
+            samples, phases["reward_fn"], record_cpu = self._function_rewards(samples)
+        else:
+            record_cpu = 0.0
         if self.grouped:  # keep group members adjacent for group advantages
             samples = sorted(samples, key=lambda s: (s.seq.group, s.seq.uid))
         for s in samples:
@@ -310,7 +369,8 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         texts = [self.tok.decode(s.seq.response_ids) for s in samples]
         record.response_len_mean = float(np.mean([len(s.seq.response_ids) for s in samples]))
         record.truncation_rate = float(np.mean([s.seq.truncated for s in samples]))
-        record.unparseable_rate = float(np.mean([not parseable(x) for x in texts]))
+        record.unparseable_rate = (float(np.mean([not parseable(x) for x in texts])) if self.inputs.kind == "synthetic"
+                                   else float(self._no_score_frac))
         record.tokens_generated = out.tokens_generated
         record.samples_trained = len(samples)
         record.delta = delta
@@ -319,6 +379,7 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         record.decode_steps = out.decode_steps
         record.len_carried_mean = float(np.mean(carried)) if carried else NAN
         record.len_fresh_mean = float(np.mean(fresh)) if fresh else NAN
+        record.reward_fn_cpu_s = record_cpu
         if self.step % cfg.eval_every == 0:
             t = time.perf_counter()
             ev = self.gate()  # at the job's dtype (gold_eval's autocast)

@@ -106,8 +106,18 @@ def register(app: typer.Typer) -> None:
         with progress:
             outcome = run_job(spec, hooks=TrainHooks(), supervisor=supervisor)
         if outcome.error is not None:
+            from eval.attribution import TenantCodeError
             from training.device import DeviceOutOfMemory
 
+            if isinstance(outcome.error, TenantCodeError):  # the tenant's: one line, examples in OUT/job.json
+                record = job_record(outcome)
+                (out / JOB_DONE).write_text(json.dumps({**record, "tenant": request.tenant, "name": request.name,
+                                                        "overlap": request.overlap}, default=str))
+                console.print(f"[red]failed ({record.get('failure_class')}):[/red] {outcome.status.reason}")
+                for example in record.get("examples", [])[:3]:
+                    console.print(f"  prompt {str(example['prompt'])[:80]!r} -> {example['error'][:120]}")
+                console.print(f"examples and the last checkpoint: {out} (job.json)")
+                raise typer.Exit(1)
             if isinstance(outcome.error, DeviceOutOfMemory):  # the job's reason, one line; the run dir keeps its
                 console.print(f"[red]failed:[/red] {outcome.error}")  # checkpoints
                 raise typer.Exit(1)

@@ -1,0 +1,122 @@
+"""A tenant's own job through `rlhfops train`, as a new user runs it: their files (data, config, reward module) in a
+folder outside the repository. Their reward function runs in its own processes and receives every other column of
+the row it scores; when it raises on too many samples the job ends FAILED(tenant code fault) with the runbook's
+one line, exit 1, examples in job.json and the last checkpoint kept; bad data exits 2 naming the file and line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from cli_helpers import run_cli_output
+
+#: questions and answers the tenant's reward function checks its columns against (an independent oracle of the row
+#: alignment: the trainer never sees this mapping)
+ROWS = [{"question": f"What is {a} plus {b}?", "answer": f"{a}+{b} = <<{a}+{b}={a + b}>>{a + b}\n#### {a + b}",
+         "difficulty": a % 3} for a in range(1, 9) for b in range(1, 4)]
+
+REWARD = '''
+import json, os
+ROWS = {r["question"]: r for r in json.load(open("rows.json"))}
+
+def score(prompts, completions, answer, difficulty, **_):
+    out = []
+    for p, c, a, d in zip(prompts, completions, answer, difficulty):
+        if ROWS[p]["answer"] != a or ROWS[p]["difficulty"] != d:   # the columns must be the prompt's own row
+            raise AssertionError(f"misaligned row for {p!r}")
+        out.append(1.0 if len(c) % 2 else 0.0)
+    return out
+
+def flaky(prompts, completions, **_):
+    # good for the first two steps, then raises on every sample
+    with open("calls.txt", "a") as f:
+        f.write("x")
+    if os.path.getsize("calls.txt") > 2:
+        raise ValueError("the answer checker crashed")
+    return [0.5] * len(completions)
+
+def exact(prompts, completions, answer, **_):
+    return [float(c.strip().endswith(a.split("#### ")[-1])) for c, a in zip(completions, answer)]
+'''
+
+
+def _job(folder: Path, reward_ref: str, **over) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[:20]))
+    (folder / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[20:]))
+    (folder / "rows.json").write_text(json.dumps(ROWS))
+    (folder / "my_reward.py").write_text(REWARD)
+    cfg = {"steps": 4, "cache_dir": str(folder / "cache"),
+           "policy": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
+           "task": {"kind": "dataset", "train": "train.jsonl", "heldout": "heldout.jsonl", "prompt_key": "question",
+                    "sft_key": "answer", "max_prompt_tokens": 64, "sft_steps": 4},
+           "reward": {"kind": "function", "ref": reward_ref, "timeout_s": 60},
+           "gate": {"kind": "function", "ref": "my_reward.py:exact"},
+           "ppo": {"batch_size": 4, "max_new_tokens": 12, "num_ppo_epochs": 1},
+           "checkpoint_every": 2, "eval_every": 2, "eval_prompts": 4}
+    for k, v in over.items():
+        cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) else v
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.timeout(600)
+def test_a_tenant_reward_function_trains_on_its_own_rows(tmp_path, capsys, monkeypatch):
+    config = _job(tmp_path / "tenant", "my_reward.py:score")
+    monkeypatch.chdir(tmp_path)  # not the config's folder: its files must still be found
+    code, out, err = run_cli_output(["train", config, "--overlap", "full", "--out", tmp_path / "run"], capsys,
+                                    monkeypatch)
+    assert code == 0, err
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+    assert [int(r["step"]) for r in rows] == [1, 2, 3, 4]
+    assert all(0.0 <= float(r["reward_mean"]) <= 1.0 for r in rows)
+    assert sum(float(r["reward_fn_cpu_s"]) for r in rows) > 0  # charged: the function's own processes' CPU
+    assert all(float(r["phase_reward_fn_s"]) > 0 for r in rows)
+    assert {float(r["gold_eval"]) for r in rows if r["gold_eval"] not in ("", "nan")} <= {0.0, 0.25, 0.5, 0.75, 1.0}
+
+
+@pytest.mark.timeout(600)
+def test_a_reward_function_that_raises_fails_the_job_as_the_tenants_fault(tmp_path, capsys, monkeypatch):
+    config = _job(tmp_path / "tenant", "my_reward.py:flaky")
+    code, out, err = run_cli_output(["train", config, "--overlap", "none", "--out", tmp_path / "run",
+                                     "--detector", "paired"], capsys, monkeypatch)
+    assert code == 1
+    text = " ".join((out + err).split())
+    assert "tenant_code_fault" in text
+    assert ("your reward function my_reward.py:flaky raised on 100.0% of samples (4 of 4) at step 3: ValueError: the "
+            "answer checker crashed") in text
+    job = json.loads((tmp_path / "run" / "job.json").read_text())
+    assert job["state"].startswith("FAILED") and job["failure_class"] == "tenant_code_fault"
+    assert "raised on 100.0% of samples (4 of 4) at step 3" in job["reason"]
+    assert len(job["examples"]) == 4
+    for example in job["examples"]:
+        assert example["prompt"] in {r["question"] for r in ROWS}
+        assert example["error"] == "ValueError: the answer checker crashed"
+        assert "flaky" in example["traceback"] and "raise ValueError" in example["traceback"]
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert kept == ["step-000002"]  # the last checkpoint before the fault stays
+
+
+def test_bad_tenant_data_exits_2_naming_the_file_and_line(tmp_path, capsys, monkeypatch):
+    config = _job(tmp_path / "tenant", "my_reward.py:score")
+    lines = (tmp_path / "tenant" / "train.jsonl").read_text().splitlines()
+    lines[6] = '{"question": "broken", "answer": '
+    (tmp_path / "tenant" / "train.jsonl").write_text("\n".join(lines) + "\n")
+    code, out, err = run_cli_output(["train", config, "--out", tmp_path / "run"], capsys, monkeypatch)
+    assert code == 2
+    (line,) = [ln for ln in err.splitlines() if ln.strip()]
+    assert "task.train" in line and "train.jsonl" in line and "line 7" in line
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def test_a_missing_reward_file_exits_2_naming_the_field(tmp_path, capsys, monkeypatch):
+    config = _job(tmp_path / "tenant", "nowhere.py:score")
+    code, _out, err = run_cli_output(["train", config, "--out", tmp_path / "run"], capsys, monkeypatch)
+    assert code == 2
+    (line,) = [ln for ln in err.splitlines() if ln.strip()]
+    assert "reward.ref" in line and "nowhere.py" in line

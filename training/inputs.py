@@ -1,0 +1,279 @@
+"""The job's inputs, one interface whichever task it trains: its train and held-out prompts, the columns that go with
+each prompt (to the reward and gate functions, as keyword lists), the text the model reads for a prompt, and the
+reference completions of its warm start.
+
+- `SyntheticInputs`: the synthetic "balanced text" task of training/task.py (the default; every config before
+  tenant data runs on it unchanged): generated prompts, no columns, the task's corpus as the warm start.
+- `DatasetInputs`: a tenant's own files (`task.kind: dataset`, read by training/datafiles.py): the `prompt_key`
+  column is the prompt, `sft_key` (optional) the reference completion, every other column goes to the functions.
+
+`job_inputs(cfg, tok)` builds the one a config names. A dataset's files are read once per process and kept (keyed by
+path, size and modification time, and the reading settings), so the request's check before the job (which refuses
+bad data before a slot is taken) and the trainer share one read.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.config import DatasetTaskConfig, TrainConfig
+
+#: what a prompt becomes before the model reads it when there is no chat template: the synthetic task's prompts end
+#: in a mark and the answer follows a space; a dataset's prompt is followed by a newline (GSM8K's question/answer)
+SYNTHETIC_SEPARATOR = " "
+DATASET_SEPARATOR = "\n"
+
+
+@dataclass(frozen=True)
+class DatasetLineage:
+    """One file of the job as MLflow's dataset input wants it (name, digest, source, rows, context)."""
+
+    name: str
+    digest: str
+    source: str
+    rows: int
+    context: str  # "training" or "eval"
+
+
+class JobInputs:
+    """The interface (see the module docstring). `split` is "train" or "heldout"; rows are indices into it."""
+
+    kind: str = ""
+
+    def __len__(self) -> int:  # train prompts
+        return self.n_train
+
+    n_train: int
+    n_heldout: int
+
+    def prompt(self, split: str, row: int) -> Any:
+        """The prompt as the data has it (a string, or chat messages): what the functions receive."""
+        raise NotImplementedError
+
+    def render(self, prompt: Any) -> str:
+        """The text the model reads for `prompt` (the chat template applied, or the prompt and a separator)."""
+        raise NotImplementedError
+
+    def columns(self, split: str, rows: list[int]) -> dict[str, list]:
+        """Every other column of those rows, as keyword lists aligned with `rows` ({} for the synthetic task)."""
+        return {}
+
+    def reference(self, row: int) -> str | None:
+        """The reference completion of train row `row` (the warm start), or None."""
+        return None
+
+    @property
+    def has_references(self) -> bool:
+        return False
+
+    def lineage(self) -> list[DatasetLineage]:
+        return []
+
+    def heldout_prompts(self, rows: list[int] | range) -> list[Any]:
+        return [self.prompt("heldout", i) for i in rows]
+
+
+class SyntheticInputs(JobInputs):
+    kind = "synthetic"
+
+    def __init__(self, cfg: TrainConfig):
+        from training.task import make_prompts
+
+        prompts = make_prompts(cfg.task, cfg.seed)
+        self._split = {"train": prompts.train, "heldout": prompts.heldout}
+        self.n_train, self.n_heldout = len(prompts.train), len(prompts.heldout)
+
+    def prompt(self, split: str, row: int) -> str:
+        return self._split[split][row]
+
+    def render(self, prompt: Any) -> str:
+        return str(prompt) + SYNTHETIC_SEPARATOR
+
+
+class DatasetInputs(JobInputs):
+    kind = "dataset"
+
+    def __init__(self, task: DatasetTaskConfig, tok: Any, warn=print):
+        self.task = task
+        self.tok = tok
+        self.template = task.chat_template == "auto" and bool(getattr(tok.hf, "chat_template", None))
+        self.train, self.heldout = read_task_files(task, tok, warn)
+        self.n_train, self.n_heldout = len(self.train), len(self.heldout)
+
+    def _file(self, split: str):
+        return self.train if split == "train" else self.heldout
+
+    def prompt(self, split: str, row: int) -> Any:
+        return self._file(split).prompt(row)
+
+    def render(self, prompt: Any) -> str:
+        return render_prompt(prompt, self.tok, self.template)
+
+    def columns(self, split: str, rows: list[int]) -> dict[str, list]:
+        return self._file(split).columns(list(rows))
+
+    def reference(self, row: int) -> str | None:
+        return self.train.sft(row)
+
+    @property
+    def has_references(self) -> bool:
+        return self.task.sft_key is not None
+
+    def lineage(self) -> list[DatasetLineage]:
+        return [DatasetLineage(name=Path(f.path).name, digest=f.digest, source=str(f.path), rows=len(f), context=ctx)
+                for f, ctx in ((self.train, "training"), (self.heldout, "eval"))]
+
+
+def render_prompt(prompt: Any, tok: Any, template: bool) -> str:
+    """A dataset prompt as the model reads it: with the tokenizer's chat template (a user turn and the generation
+    prompt) when `template`, else the text (a chat-format prompt's contents, one per line) and a newline."""
+    if isinstance(prompt, list):
+        messages = [{"role": str(m.get("role", "user")), "content": str(m.get("content", ""))} for m in prompt]
+    else:
+        messages = [{"role": "user", "content": str(prompt)}]
+    if template:
+        return tok.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return "\n".join(m["content"] for m in messages) + DATASET_SEPARATOR
+
+
+def token_counter(tok: Any, template: bool):
+    """The prompt column's token counts as the model will see them (datafiles' `count_tokens`): bytes for the byte
+    tokenizer without a template (vectorised), else the tokenizer over the rendered prompts in batches."""
+    import numpy as np
+
+    from training.datafiles import byte_token_counts
+
+    byte_level = type(tok.hf).__name__ == "ByT5Tokenizer"
+    if byte_level and not template:
+        return lambda column: byte_token_counts(column) + len(DATASET_SEPARATOR.encode())
+
+    def count(column) -> np.ndarray:
+        out = np.empty(len(column), dtype=np.int64)
+        k = 0
+        for chunk in column.iterchunks():
+            values = chunk.to_pylist()
+            for lo in range(0, len(values), 4096):
+                texts = [render_prompt(v, tok, template) for v in values[lo : lo + 4096]]
+                ids = tok.hf(texts, add_special_tokens=False)["input_ids"]
+                out[k : k + len(ids)] = [len(x) for x in ids]
+                k += len(ids)
+        return out
+
+    return count
+
+
+_READ_LOCK = threading.Lock()
+
+
+def read_task_files(task: DatasetTaskConfig, tok: Any, warn=print):
+    """The (train, held-out) `training.datafiles.DataFile`s of a dataset task, read once per process for the same
+    files and settings (see the module docstring); BadInput naming the file, line and column on bad data."""
+    template = task.chat_template == "auto" and bool(getattr(tok.hf, "chat_template", None))
+    files = []
+    for field, path in (("task.train", task.train), ("task.heldout", task.heldout)):
+        p = Path(path)
+        stat = p.stat() if p.is_file() else None
+        key = (str(p), stat.st_size if stat else -1, stat.st_mtime_ns if stat else -1, task.prompt_key, task.sft_key,
+               task.max_prompt_tokens, template, tok.hf.name_or_path, len(tok.hf), field)
+        with _READ_LOCK:
+            files.append(_read(key, p, field, task, tok, template, warn))
+    train, heldout = files
+    from training.datafiles import overlap_count
+
+    shared = overlap_count(train, heldout)
+    if shared:
+        warn(f"task.heldout: {shared} of its {len(heldout)} prompts also occur in task.train ('{train.path}'): the "
+             "eval gate scores them on prompts training has seen (remove them from one file)")
+    return train, heldout
+
+
+#: files read in this process, newest last: key (path, size, mtime, reading settings) -> DataFile
+_READ: dict[tuple, Any] = {}
+_KEEP = 4
+
+
+def _read(key, path, field, task, tok, template, warn):
+    from training.datafiles import load_datafile
+
+    if key in _READ:
+        return _READ[key]
+    sft_key = task.sft_key if field == "task.train" else None
+    data = load_datafile(path, field, task.prompt_key, sft_key, task.max_prompt_tokens,
+                         count_tokens=token_counter(tok, template), warn=warn)
+    _READ[key] = data
+    while len(_READ) > _KEEP:
+        _READ.pop(next(iter(_READ)))
+    return data
+
+
+def job_inputs(cfg: TrainConfig, tok: Any, warn=print) -> JobInputs:
+    """The inputs a job's config names: the synthetic task, or the tenant's data set."""
+    if cfg.task.kind == "dataset":
+        return DatasetInputs(cfg.task, tok, warn)
+    return SyntheticInputs(cfg)
+
+
+def warn_stderr(message: str) -> None:
+    import sys
+
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def check_inputs(cfg: TrainConfig, warn=warn_stderr) -> None:
+    """What the job's inputs name, read and validated before any work (the request's check: exit 2 from `train`, a
+    deployment's run FAILED before it takes a slot): the reward and gate functions' files or modules exist, a data
+    set's files read cleanly (training/datafiles.py: the file, line and column of what is wrong), and the gate has
+    `eval_prompts` held-out prompts. The files read here stay read for the trainer (`read_task_files`)."""
+    from common.errors import BadInput
+    from training import rewards
+
+    for role in ("reward", "gate"):
+        scorer = getattr(cfg, role)
+        if scorer.kind == "function" and rewards.builtin(scorer.ref) is None:
+            from training.tenant_code import parse_ref
+
+            parse_ref(scorer.ref, Path(cfg.config_dir) if cfg.config_dir else Path.cwd(), f"{role}.ref")
+    if cfg.task.kind != "dataset":
+        return
+    from training.models import tokenizer_for
+
+    inputs = job_inputs(cfg, tokenizer_for(cfg), warn)
+    if cfg.eval_prompts > inputs.n_heldout:
+        raise BadInput(f"eval_prompts: {cfg.eval_prompts} is more than the {inputs.n_heldout} prompts of task.heldout "
+                       f"('{cfg.task.heldout}'): lower eval_prompts or add held-out prompts")
+
+
+def job_lineage(cfg: TrainConfig) -> dict[str, Any]:
+    """What an analyst filters runs by and what re-scoring a checkpoint needs: the data files (name, digest = the
+    file's own sha256, source, rows, context `training` / `eval`) and tags: the task kind, the reward's and the gate's
+    kind and code hash (a FILE.py's bytes, a module's source, a built-in's module), the held-out digest."""
+    from training import rewards
+
+    tags: dict[str, str] = {"task.kind": cfg.task.kind, "reward.kind": cfg.reward.kind, "gate.kind": cfg.gate.kind}
+    base = Path(cfg.config_dir) if cfg.config_dir else Path.cwd()
+    for role in ("reward", "gate"):
+        scorer = getattr(cfg, role)
+        if scorer.kind == "function":
+            if rewards.builtin(scorer.ref) is not None:
+                code_hash = rewards.code_hash(scorer.ref)
+            else:
+                from training.tenant_code import parse_ref
+
+                code_hash = parse_ref(scorer.ref, base, f"{role}.ref").code_hash
+            tags[f"{role}.ref"], tags[f"{role}.code_hash"] = scorer.ref, code_hash
+        elif scorer.kind == "model":
+            tags[f"{role}.path"] = scorer.path
+    if cfg.gate.kind == "gold":
+        from training.scorers import gold_code_hash
+
+        tags["gate.code_hash"] = gold_code_hash()
+    datasets: list[DatasetLineage] = []
+    if cfg.task.kind == "dataset":
+        from training.models import tokenizer_for
+
+        datasets = job_inputs(cfg, tokenizer_for(cfg), warn=lambda _m: None).lineage()
+        tags["heldout.digest"] = next(d.digest for d in datasets if d.context == "eval")
+    return {"datasets": datasets, "tags": tags}

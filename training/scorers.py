@@ -1,0 +1,185 @@
+"""What scores a job's responses: the reward that trains it (`reward:`) and the held-out eval gate (`gate:`).
+
+Kinds (training/config.py):
+- reward `proxy` / `model`: a sequence-classification model, scored inside the rollout (the streamed "reward"
+  scorer of training/rollout.py); `function`: a function called once per step on the step's finished samples.
+- gate `gold`: the synthetic task's gold scorer (training/task.py); `function`: a function on the held-out
+  responses; `model`: a sequence-classification checkpoint's score.
+
+A function is a built-in (training/rewards: platform code, called in this process) or the tenant's own code
+(FILE.py:NAME or package.module:NAME), which never runs here: `TenantFunctionPool` (training/tenant_code.py) runs it
+in fresh child processes with a timeout, a memory limit, the config's folder as working directory and none of the
+platform's settings. Whatever tenant code does wrong ends as `TenantCodeError` (a tenant code fault, never a
+platform one), naming the function and what it did, with examples.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eval.attribution import SampleError, SampleErrorSummary, TenantCodeError
+from training.config import FunctionSettings, TrainConfig
+
+#: examples of failed samples kept for the tenant (job.json, the MLflow artifact)
+MAX_EXAMPLES = 5
+
+
+@dataclass
+class Scored:
+    """Scores aligned with the completions (None: no score), the samples that raised, CPU seconds spent."""
+
+    scores: list[float | None]
+    failures: list[Any] = field(default_factory=list)  # training.tenant_code.SampleFailure
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+
+
+class FunctionScorer:
+    """One function of the job in one role ("reward function" or "gate function")."""
+
+    def __init__(self, settings: FunctionSettings, role: str, field: str, config_dir: str | None, pool_of):
+        from training import rewards
+
+        self.settings, self.role, self.field = settings, role, field
+        self.builtin = rewards.builtin(settings.ref)
+        self._pool_of = pool_of  # () -> TenantFunctionPool, created when first needed
+        if self.builtin is not None:
+            self.text, self.code_hash = settings.ref, rewards.code_hash(settings.ref)
+            self.ref = None
+        else:
+            from training.tenant_code import parse_ref
+
+            self.ref = parse_ref(settings.ref, Path(config_dir) if config_dir else Path.cwd(), field)
+            self.text, self.code_hash = self.ref.text, self.ref.code_hash
+
+    def check(self) -> None:
+        """Load the function in a worker (not here) before any training: an import error is the tenant's."""
+        if self.ref is not None:
+            self._pool_of().check(self.ref, timeout_s=self.settings.timeout_s, role=self.role)
+
+    def __call__(self, prompts: list, completions: list[str], columns: dict[str, list]) -> Scored:
+        t = time.perf_counter()
+        if self.builtin is not None:
+            c = time.process_time()
+            scores = list(self.builtin(prompts, completions, **columns))
+            if len(scores) != len(completions):
+                raise RuntimeError(f"built-in {self.text} returned {len(scores)} scores for {len(completions)}")
+            return Scored([None if s is None else float(s) for s in scores], [], time.process_time() - c,
+                          time.perf_counter() - t)
+        pool = self._pool_of()
+        cpu = pool.cpu_seconds
+        res = pool.call(self.ref, prompts, completions, columns, timeout_s=self.settings.timeout_s, role=self.role)
+        return Scored(list(res.scores), list(res.errors), pool.cpu_seconds - cpu, time.perf_counter() - t)
+
+
+def _count(n: int) -> str:
+    return f"{n:,}"
+
+
+def examples_of(failures: list[Any]) -> list[dict[str, str]]:
+    return [{"prompt": str(f.prompt)[:500], "completion": str(f.completion)[:500], "error": f.error,
+             "traceback": getattr(f, "traceback_tail", "")} for f in failures[:MAX_EXAMPLES]]
+
+
+def raised_too_often(scorer: FunctionScorer, failures: list[Any], n: int, step: int, limit: float) -> None:
+    """TenantCodeError in the runbook's words when more than `limit` of a batch's `n` samples raised."""
+    if not failures or len(failures) <= limit * n:
+        return
+    first = failures[0]
+    examples = examples_of(failures)
+    share = 100 * len(failures) / n
+    err = TenantCodeError(
+        f"your {scorer.role} {scorer.text} raised on {share:.1f}% of samples ({_count(len(failures))} "
+        f"of {_count(n)}) at step {step}: {first.error}; {len(examples)} example{'s' * (len(examples) != 1)} attached "
+        f"(more than {scorer.field.split('.')[0]}.max_error_frac {limit:g} of a batch may not raise; fix it and "
+        "resubmit)",
+        SampleErrorSummary(n, len(failures), tuple(SampleError(sample=f"{e['prompt']!r} -> {e['completion']!r}",
+                                                                 error=e["error"]) for e in examples),
+                           tuple(dict.fromkeys(f.error.split(":")[0] for f in failures))))
+    err.examples = examples
+    raise err
+
+
+class HeldoutScorer:
+    """The eval gate's scorer: `score(prompts, texts, responses, rows) -> list[float]`, one score per held-out
+    prompt (rows: their indices in the held-out split)."""
+
+    def __init__(self, cfg: TrainConfig, inputs: Any, tok: Any, pool_of=None, model: Any = None,
+                 own_pool: bool = False):
+        self.cfg, self.inputs, self.tok = cfg, inputs, tok
+        self.kind = cfg.gate.kind
+        self._pool = None
+        if own_pool:  # a scorer outside a trainer: a pool of its own, stopped by close()
+            pool_of = self._own_pool
+        self.function = (FunctionScorer(cfg.gate, "gate function", "gate.ref", cfg.config_dir, pool_of)
+                         if self.kind == "function" else None)
+        self.model = model
+
+    def _own_pool(self):
+        if self._pool is None:
+            from training.tenant_code import TenantFunctionPool
+
+            cwd = Path(self.cfg.config_dir) if self.cfg.config_dir else Path.cwd()
+            self._pool = TenantFunctionPool(cwd, workers=1, memory_mb=self.cfg.gate.memory_mb)
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    @property
+    def code_hash(self) -> str:
+        if self.function is not None:
+            return self.function.code_hash
+        if self.kind == "gold":
+            return gold_code_hash()
+        return ""
+
+    def score(self, prompts: list, texts: list[str], responses: list[list[int]], rows: list[int]) -> list[float]:
+        if self.kind == "gold":
+            from training.task import gold_score
+
+            return [gold_score(p, t, self.cfg.task) for p, t in zip(prompts, texts, strict=True)]
+        if self.kind == "model":
+            from training.device import autocast, model_device
+            from training.gate import proxy_scores
+
+            with autocast(model_device(self.model), self.cfg.dtype):
+                return proxy_scores(self.model, [self.tok.encode(self.inputs.render(p)) for p in prompts], responses,
+                                    self.tok.pad_id)
+        got = self.function(prompts, texts, self.inputs.columns("heldout", rows))
+        bad = [(i, f) for i, f in enumerate(got.failures)]
+        if bad or any(s is None or not math.isfinite(s) for s in got.scores):
+            examples = examples_of(got.failures)
+            missing = sum(s is None for s in got.scores) - len(got.failures)
+            what = (f"raised on {len(got.failures)} of {len(texts)} held-out prompts: {got.failures[0].error}" if bad
+                    else f"returned None (no score) for {missing} of {len(texts)} held-out prompts")
+            err = TenantCodeError(f"your gate function {self.function.text} {what}; a gate must score every held-out "
+                                  f"prompt (fix it and resubmit){'; examples attached' if examples else ''}")
+            err.examples = examples
+            raise err
+        return [float(s) for s in got.scores]
+
+
+def _file_hash(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def gold_code_hash() -> str:
+    """The synthetic task's gold scorer's code (training/task.py), as a gate's code hash."""
+    from training import task
+
+    return _file_hash(Path(task.__file__))
+
+
+def describe_failure(err: BaseException) -> str:
+    """The last lines of a traceback (examples for the tenant)."""
+    return "".join(traceback.format_exception_only(type(err), err)).strip()
