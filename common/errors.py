@@ -12,13 +12,34 @@ class BadInput(Exception):
 _BOUNDS = {"greater_than": "gt", "greater_than_equal": "ge", "less_than": "lt", "less_than_equal": "le"}
 
 
+#: fields holding a union chosen by its `kind` (field name -> the kinds): pydantic puts the chosen kind in an error's
+#: location (`task.dataset.train`), which is not a key anyone writes; modules that declare such unions register them
+UNION_KINDS: dict[str, frozenset[str]] = {}
+
+
+def register_union_kinds(field: str, kinds: set[str] | frozenset[str]) -> None:
+    UNION_KINDS[field] = frozenset(UNION_KINDS.get(field, frozenset()) | set(kinds))
+
+
+def _written_location(loc: tuple) -> list[str]:
+    """An error location as the user wrote the keys: a union's kind after its field left out."""
+    out: list[str] = []
+    for part in loc:
+        if out and out[-1] in UNION_KINDS and str(part) in UNION_KINDS[out[-1]]:
+            continue
+        out.append(str(part))
+    return out
+
+
 def describe_validation_error(err: ValidationError, source: str = "config") -> str:
     """Turn pydantic's multi-line report into one line: `source: field.path: problem`."""
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "<root>"
+    loc = ".".join(_written_location(first["loc"])) or "<root>"
     msg = first["msg"]
     kind, ctx, given = first["type"], first.get("ctx") or {}, first.get("input")
-    if kind == "extra_forbidden":
+    if kind == "union_tag_invalid":
+        msg = f"kind {ctx.get('tag')!r} is not one of {ctx.get('expected_tags')} (set `kind` to one of them)"
+    elif kind == "extra_forbidden":
         msg = "unknown key (check the spelling against the documented fields)"
     elif kind in _BOUNDS and _BOUNDS[kind] in ctx:
         # say what was given and what is allowed: the bound is the fix

@@ -48,7 +48,8 @@ def gate_identity(config: Any) -> tuple[str, str]:
         prompts = [tags["heldout.digest"], config.eval_prompts, config.task.prompt_key, config.task.chat_template]
     if config.gate.kind != "gold":  # what scored them: a function (its code) or a model (its path)
         tags = job_lineage(config)["tags"]
-        gate.update({"gate.kind": config.gate.kind, "gate": tags.get("gate.code_hash") or tags.get("gate.path")})
+        gate.update({"gate.kind": config.gate.kind, "gate": [tags.get("gate.ref") or tags.get("gate.path"),
+                                                             tags.get("gate.code_hash")]})
     return digest(prompts), digest(gate)
 
 

@@ -27,7 +27,7 @@ from training.trainer import Trainer
 
 
 def generation(tr: Trainer, n: int, max_new: int, slots: int, hf_cb: bool) -> dict:
-    prompts = [tr.tok.encode(p + " ") for p in tr.prompts.train[:n]]
+    prompts = [tr.tok.encode(tr.inputs.render(tr.inputs.prompt("train", i))) for i in range(n)]
     out = {}
     eng = TransformersEngine(tr.tok.eos_id, tr.tok.pad_id)
     eng.sync(tr.actor, 0)

@@ -132,7 +132,9 @@ def _gate(run: _Run, index: int, twin: _Run | None = None) -> None:
     if twin is not None:
         _, _, mean, se = twin.gates[index]
     else:
-        ev = gold_eval(tr.actor, tr.prompts.heldout[: tr.cfg.eval_prompts], tr.cfg, tok=tr.tok, seed=1000 + index)
+        n = min(tr.cfg.eval_prompts, tr.inputs.n_heldout)
+        ev = gold_eval(tr.actor, tr.inputs.heldout_prompts(range(n)), tr.cfg, tok=tr.tok, seed=1000 + index,
+                       inputs=tr.inputs, scorer=tr.heldout_scorer())
         mean, se = float(ev.mean), float(ev.se)
     run.gates.append((len(run.records), float(wall), mean, se))
 
@@ -399,17 +401,23 @@ def proxy_eval(tr: Trainer, seed: int) -> tuple[float, float]:
     import torch
 
     from training.engine import IncrementalScorer, left_pad
-    from training.models import format_prompt
     from training.trainer import generate
 
     cfg = tr.cfg
-    prompts = tr.prompts.heldout[: cfg.eval_prompts]
-    responses = generate(tr.actor, tr.tok, prompts, cfg.ppo.max_new_tokens, cfg.ppo.temperature, seed=seed)
-    seqs = [tr.tok.encode(format_prompt(p)) + r for p, r in zip(prompts, responses, strict=True)]
-    ids, attn = left_pad(seqs, tr.tok.pad_id)
-    with torch.no_grad(), tr.autocast():
-        scores = IncrementalScorer(tr.reward_model, "reward").begin(ids.to(tr.device), attn.to(tr.device))[:, -1]
-    scores = scores.float().cpu().numpy()
+    rows = range(min(cfg.eval_prompts, tr.inputs.n_heldout))
+    prompts = tr.inputs.heldout_prompts(rows)
+    responses = generate(tr.actor, tr.tok, prompts, cfg.ppo.max_new_tokens, cfg.ppo.temperature, seed=seed,
+                         render=tr.inputs.render)
+    if tr.reward_fn is not None:  # the job's reward is a function: its scores of the held-out responses
+        got = tr.reward_fn(prompts, [tr.tok.decode(r) for r in responses], tr.inputs.columns("heldout", list(rows)))
+        scores = np.array([np.nan if s is None else s for s in got.scores], dtype=float)
+        scores = scores[np.isfinite(scores)]
+    else:
+        seqs = [tr.tok.encode(tr.inputs.render(p)) + r for p, r in zip(prompts, responses, strict=True)]
+        ids, attn = left_pad(seqs, tr.tok.pad_id)
+        with torch.no_grad(), tr.autocast():
+            scores = IncrementalScorer(tr.reward_model, "reward").begin(ids.to(tr.device), attn.to(tr.device))[:, -1]
+        scores = scores.float().cpu().numpy()
     return float(scores.mean()), float(scores.std(ddof=1) / math.sqrt(len(scores)))
 
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from common.errors import BadInput
+from common.errors import BadInput, register_union_kinds
 
 #: the config's `device` values (training/device.py makes them a torch device)
 DEVICE_PATTERN = r"^(auto|cpu|cuda|cuda:\d{1,3})$"
@@ -171,6 +171,10 @@ def _kind(default: str):
         return kind if isinstance(kind, str) else default
     return Discriminator(read)
 
+
+register_union_kinds("task", {"synthetic", "dataset"})
+register_union_kinds("reward", {"proxy", "function", "model"})
+register_union_kinds("gate", {"gold", "function", "model"})
 
 TaskSpec = Annotated[Annotated[TaskConfig, Tag("synthetic")] | Annotated[DatasetTaskConfig, Tag("dataset")],
                      _kind("synthetic")]

@@ -24,6 +24,7 @@ from typing import Any
 
 from eval.attribution import SampleError, SampleErrorSummary, TenantCodeError
 from training.config import FunctionSettings, TrainConfig
+from training.task import gold_score
 
 #: examples of failed samples kept for the tenant (job.json, the MLflow artifact)
 MAX_EXAMPLES = 5
@@ -143,8 +144,6 @@ class HeldoutScorer:
 
     def score(self, prompts: list, texts: list[str], responses: list[list[int]], rows: list[int]) -> list[float]:
         if self.kind == "gold":
-            from training.task import gold_score
-
             return [gold_score(p, t, self.cfg.task) for p, t in zip(prompts, texts, strict=True)]
         if self.kind == "model":
             from training.device import autocast, model_device

@@ -170,7 +170,7 @@ def train_one(run_id: str, overrides: dict, seed: int) -> tuple[list[dict], list
     meta = {"kl_coef": cfg.ppo.kl_coef, "actor_lr": cfg.ppo.actor_lr,
             "gameable": cfg.fault.at_step if cfg.fault.kind == "gameable_reward" else "", "seed": seed}
     twin = twin_id(run_id) is not None
-    heldout = trainer.prompts.heldout
+    heldout = trainer.inputs.heldout_prompts(range(trainer.inputs.n_heldout))
 
     def twin_row(step: int, train: dict) -> dict:
         ev = gold_eval(trainer.actor, heldout[:TWIN_PROMPTS], cfg, tok=trainer.tok, seed=TWIN_SEED_OFFSET + step)

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         if math.isnan(rec.gold_eval):
             continue
         y = np.array([r.gold_score for r in trainer.gate_records[rec.step]])
-        alt = gold_eval(trainer.actor, trainer.prompts.heldout[: args.prompts], cfg, tok=trainer.tok,
+        alt = gold_eval(trainer.actor, trainer.inputs.heldout_prompts(range(args.prompts)), cfg, tok=trainer.tok,
                         seed=other_seed)
         ya = np.array([r.gold_score for r in alt.records])
         se = y.std(ddof=1) / math.sqrt(len(y))

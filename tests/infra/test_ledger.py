@@ -72,7 +72,7 @@ def test_charge_step_from_a_trainer_record():
     t = ledger.run_totals()["r"]
     assert t.steps == 3 and t.tokens_generated == 6144 and t.tokens_trained == 3072
     assert t.gpu_us_by_phase == {"rollout": 12 * MICRO, "score": 3 * MICRO, "sync": int(1.5 * MICRO),
-                                 "optim": 6 * MICRO, "eval": 0}
+                                 "optim": 6 * MICRO, "eval": 0, "reward_fn": 0}
 
 
 def test_bad_input():
@@ -98,3 +98,20 @@ def test_prices_file(tmp_path):
     bad.write_text("gpu_hour: {h100: '4'}\nregion: eu\n")
     with pytest.raises(BadInput, match="'region'"):
         load_prices(bad)
+
+
+def test_reward_function_cpu_seconds_are_charged_at_the_cpu_price():
+    """A step's `reward_fn_cpu_s` (the tenant's function processes) is charged in the `reward_fn` phase at the `cpu`
+    price, whatever GPU kind the job holds; the GPU's own wait is the phase's wall seconds at the GPU's price. By
+    hand: 36 s of an h100 at 4.00/h is 0.04, one CPU-hour at 0.05/h is 0.05."""
+    from fractions import Fraction
+
+    from training.metrics import StepRecord
+
+    ledger = Ledger(load_prices())
+    rec = StepRecord(step=1, policy_version=1, reward_mean=0.0, phase_seconds={"reward_fn": 36.0},
+                     reward_fn_cpu_s=3600.0)
+    ledger.charge_step("r", "acme", "h100", rec)
+    t = ledger.run_totals()["r"]
+    assert Fraction(t.cost) == Fraction("0.04") + Fraction("0.05")
+    assert t.gpu_us_by_phase["reward_fn"] == (36 + 3600) * MICRO

@@ -190,7 +190,7 @@ def test_a_step_record_without_phase_times_charges_its_tokens_and_step_only():
 def test_bad_charges_are_refused_with_the_whole_message():
     ledger = Ledger(PRICES)
     with pytest.raises(ValueError, match=r"^ledger: unknown phase 'reward' \(choose from: rollout, score, sync, optim, "
-                                         r"eval\)$"):
+                                         r"eval, reward_fn\)$"):
         ledger.charge("r", "acme", "h100", "reward", 1.0)
     for counts in ({"tokens_generated": -1}, {"tokens_trained": -1}, {"steps": -1}):
         with pytest.raises(ValueError, match=r"^ledger: token and step counts must be >= 0$"):

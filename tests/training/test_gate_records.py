@@ -41,7 +41,7 @@ def varied_gold(prompt: str, text: str, cfg) -> float:
 @pytest.fixture(scope="module")
 def scorer():
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("training.evaluation.gold_score", varied_gold)
+        mp.setattr("training.scorers.gold_score", varied_gold)
         yield varied_gold
 
 
@@ -100,7 +100,7 @@ def test_gold_of_the_sampled_text_is_the_record(cache, scorer):
     cfg = tiny(cache)
     trainer = Trainer(cfg, overlap="none", out_dir=None, resume=False)
     ev = trainer.score_batch(0)
-    prompts = trainer.prompts.heldout[:8]
+    prompts = trainer.inputs.heldout_prompts(range(8))
     responses = generate(trainer.actor, trainer.tok, prompts, cfg.ppo.max_new_tokens, cfg.ppo.temperature,
                          seed=batch_seed(cfg.seed, 0))
     expect = [scorer(p, trainer.tok.decode(r), cfg.task) for p, r in zip(prompts, responses, strict=True)]
@@ -118,7 +118,7 @@ def test_extension_batches_and_budget(cache, tmp_path):
     assert sorted(got) == [2, 4] and secs > 0
     assert [r.prompt_id for r in got[2]] == [8, 9, 10, 11] and {r.seed for r in got[4]} == {batch_seed(5, 1)}
     # the extension of step 2 (its weights kept in memory) equals scoring its saved checkpoint on those prompts
-    ckpt = gold_eval(tmp_path / "checkpoints" / "step-000002", trainer.prompts.heldout[8:12], cfg,
+    ckpt = gold_eval(tmp_path / "checkpoints" / "step-000002", trainer.inputs.heldout_prompts(range(8, 12)), cfg,
                      seed=batch_seed(5, 1))
     assert [r.gold_score for r in got[2]] == pytest.approx([r.gold_score for r in ckpt.records])
     got2, _ = trainer.extend_gate((2, 4))

@@ -59,7 +59,7 @@ def test_proximal_logprobs_equal_one_plain_forward_per_sample(cache):
     list(tr.run(1))  # the actor has moved off the base policy
     # responses of different lengths after prompts of different lengths (left and right padding in one batch)
     gen = torch.Generator().manual_seed(3)
-    prompts = sorted(tr.prompts.train[:12], key=len)[::3]
+    prompts = sorted((tr.inputs.prompt("train", i) for i in range(12)), key=len)[::3]
     samples = []
     for k, (prompt, n) in enumerate(zip(prompts, [13, 1, 7, 4], strict=True)):
         resp = torch.randint(3, tr.tok.vocab_size, (n,), generator=gen).tolist()

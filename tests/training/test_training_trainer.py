@@ -94,7 +94,8 @@ def test_an_extra_gate_between_steps_leaves_training_untouched(cache):
     scored, extra = [], []
     for rec in trainer.run(4):
         scored.append(rec)
-        extra.append(gold_eval(trainer.actor, trainer.prompts.heldout[:4], cfg, tok=trainer.tok, seed=10**6 + rec.step))
+        extra.append(gold_eval(trainer.actor, trainer.inputs.heldout_prompts(range(4)), cfg, tok=trainer.tok,
+                               seed=10**6 + rec.step))
     assert all(e.n == 4 and e.response_len_mean > 0 for e in extra)  # the extra gate really sampled responses
     for a, b in zip(plain, scored, strict=True):
         for f in ("reward_mean", "kl", "loss_policy", "grad_norm", "gold_eval", "gold_eval_se"):
