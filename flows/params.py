@@ -8,6 +8,7 @@ fails when they drift apart.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, ValidationError, field_validator
@@ -57,8 +58,12 @@ class RoundJob(BaseModel):
 
     tenant: str = Field(pattern=NAME_PATTERN, description=f"the customer the job is charged to ({NAME_RULE})")
     name: str = Field(pattern=NAME_PATTERN, description=f"the job's name within the tenant ({NAME_RULE})")
+    config: str | None = Field(None, min_length=1, description="the tenant's own PPO config YAML (e.g. a dataset "
+                               "config: task: {kind: dataset, ...}, reward: {kind: function, ref: "
+                               "my_reward.py:score}), run for the round's steps; in a jobs file, relative to the "
+                               "file's folder. Empty: the round's shared small config")
     overrides: dict[str, Any] = Field(default_factory=dict, description='dotted config fields, e.g. '
-                                      '{"ppo.kl_coef": 0.1}')
+                                      '{"ppo.kl_coef": 0.1} or {"reward.ref": "my_reward.py:score"}')
     gpus: StrictInt = Field(1, ge=1, le=4096, description="GPU worker slots the job holds")
     steps_factor: StrictFloat | StrictInt = Field(1.0, gt=0, le=100, description="the job's steps as a multiple "
                                                   "of the round's steps")
@@ -88,14 +93,25 @@ def platform_job_config(steps: int, cache_dir: str, seed: int = 0) -> dict[str, 
     return raw
 
 
+def jobs_relative_to(jobs: Any, folder: str | Path) -> Any:
+    """A jobs file's entries with each relative `config` path read from the file's `folder` (as a config's own
+    paths are read from its folder); anything else as it is (`round_requests` checks it)."""
+    if not isinstance(jobs, list):
+        return jobs
+    return [{**j, "config": str(Path(folder) / j["config"])}
+            if isinstance(j, dict) and isinstance(j.get("config"), str) and j["config"]
+            and not Path(j["config"]).is_absolute() else j for j in jobs]
+
+
 def round_requests(jobs: list[Any], *, steps: int, slots: int, gpu_kind: str = "cpu", alerts: str | None = None,
                    alert_profile: str | None = None, out_dir: str = "results/platform",
                    cache_dir: str = "runs/.cache", detector: Any = None, seed: int = 0) -> list[JobRequest]:
-    """A platform round's `jobs` as `JobRequest`s (each job's run directory `out_dir/<tenant>/<name>`, its gate
+    """A platform round's `jobs` as `JobRequest`s (each on the round's shared small config, or the tenant's own
+    `config` file, for the round's steps; each job's run directory `out_dir/<tenant>/<name>`, its gate
     `detector`: the round scheduler's early-stop rule, `scheduler_gate`; None: no gate; the shared config's `seed`),
     checked before anything starts. BadInput names `jobs[i].<field>`."""
     if not isinstance(jobs, list) or not all(isinstance(j, dict | RoundJob) for j in jobs):
-        raise BadInput("jobs: every entry must be an object {tenant, name, overrides, gpus, steps_factor}")
+        raise BadInput("jobs: every entry must be an object {tenant, name, config, overrides, gpus, steps_factor}")
     out: list[JobRequest] = []
     seen: dict[tuple[str, str], int] = {}
     for i, entry in enumerate(jobs):
@@ -109,7 +125,8 @@ def round_requests(jobs: list[Any], *, steps: int, slots: int, gpu_kind: str = "
                            "(each job of a round needs its own run directory: rename one)")
         seen[job.tenant, job.name] = i
         job_steps = max(4, round(steps * float(job.steps_factor)))
-        out.append(parse_request({"config": platform_job_config(job_steps, cache_dir, seed), "overrides": job.overrides,
+        config = job.config if job.config is not None else platform_job_config(job_steps, cache_dir, seed)
+        out.append(parse_request({"config": config, "overrides": job.overrides,
                                   "tenant": job.tenant, "name": job.name, "overlap": "full", "steps": job_steps,
                                   "gpus": job.gpus, "cluster_gpus": slots, "gpu_kind": gpu_kind, "detector": detector,
                                   "alerts": alerts, "alert_profile": alert_profile, "out_root": out_dir}, source))

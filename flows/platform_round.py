@@ -42,7 +42,16 @@ from scheduling.live import LiveRound
 from tasks.timing import clock
 from tasks.tracking import parent_run
 from tasks.training import PrefectJobHooks
-from training.lifecycle import JOB_DONE, decided_by, ended_by, job_record, paused_run, reopen_paused, run_job
+from training.lifecycle import (
+    JOB_DONE,
+    decided_by,
+    ended_by,
+    job_record,
+    paused_run,
+    reopen_paused,
+    run_job,
+    tenant_examples,
+)
 from training.request import JobRequest, build
 
 
@@ -71,6 +80,7 @@ def warm_starts(cfgs: list[Any]) -> None:
     import torch
 
     from training.device import resolve_device
+    from training.inputs import job_inputs
     from training.models import base_policy, proxy_reward_model, tokenizer_for
 
     threads = torch.get_num_threads()
@@ -79,8 +89,11 @@ def warm_starts(cfgs: list[Any]) -> None:
             torch.set_num_threads(cfg.oppo.torch_threads)
             tok = tokenizer_for(cfg)
             device = resolve_device(cfg.device)  # the device the job's trainer builds on: the same cache key
-            base_policy(cfg, tok, device)
-            proxy_reward_model(cfg, tok, device)
+            # a tenant's data set: its reference completions are the warm start, as the trainer builds it
+            inputs = job_inputs(cfg, tok, warn=lambda _m: None) if cfg.task.kind == "dataset" else None
+            base_policy(cfg, tok, device, inputs)
+            if cfg.reward.kind != "function":  # a function has no model to fit
+                proxy_reward_model(cfg, tok, device)
     finally:
         torch.set_num_threads(threads)
 
@@ -91,7 +104,7 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
     scheduler's checkpoint decisions (`observe`; a stop pauses the run, resumable), the best checkpoint kept; a
     child MLflow run with the tenant's cost. `paused` (`training.lifecycle.PausedRun`): continue the run the
     scheduler paused in the job's directory from its kept checkpoint instead of starting over."""
-    from flows.rlhf_job import fresh_run_dir
+    from flows.rlhf_job import TENANT_ERRORS, fresh_run_dir, log_lineage
 
     job, tenant, out, cfg = request.job, request.tenant, request.out_dir, checked.config
     if paused is not None:  # continue from the kept checkpoint
@@ -103,6 +116,7 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
     with clock.span("tracking"):
         run_id, _ = T.open_run(f"{rc.flow_run_id}/{job}", job, rc.mlflow_experiment, rc.parent_run_id,
                                tags={T.KIND_TAG: "platform_job", T.TENANT_TAG: tenant})
+    log_lineage(run_id, cfg)  # a tenant's data files and code hashes, as for a job of its own
     # the job's gate is its request's detector (the round scheduler's rule), fitted to its planned looks by the one
     # builder, as for every other entry point
     jspec, sup = build(request, checked, run_id=run_id, ledger=rc.ledger, resume=paused)
@@ -116,6 +130,11 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
     (out / JOB_DONE).write_text(json.dumps({**job_record(outcome), "tenant": tenant, "name": request.name,
                                             "detector": gate, "evidence": verdict.get("evidence"),
                                             "overlap": request.overlap, "gpus": request.gpus}, default=float))
+    examples = tenant_examples(outcome.error)
+    if examples:  # what the tenant's code failed on: the run directory and an MLflow artifact
+        (out / TENANT_ERRORS).write_text(json.dumps(examples, indent=2))
+        with clock.span("tracking"):
+            T.log_artifacts(run_id, [out / TENANT_ERRORS])
     totals = rc.ledger.run_totals().get(run_id)
     metrics = {"cost_usd": float(totals.cost) if totals else 0.0,
                "gpu_hours": totals.gpu_seconds / 3600 if totals else 0.0, "steps": len(outcome.records),
@@ -163,7 +182,8 @@ def platform_round(
     resume_paused: bool = False,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Run a live round: `jobs` ({tenant, name, overrides, gpus?, steps_factor?}; default: five tenants) are
+    """Run a live round: `jobs` ({tenant, name, config?, overrides, gpus?, steps_factor?}; `config`: a tenant's own
+    PPO config, e.g. a dataset config, default the round's small config; default: five tenants) are
     queued at once and placed on `slots` GPU worker slots by `scheduler` (any simulator name, e.g.
     `Paired+SRTF`, `Paired(margin=0.05)+SRTF`, `NoisePatience+SRTF`, `EvalStop+SJF`, `FIFO`): its base policy places
     them, its detector is each job's eval gate (the `detector` of the job's request, so with the platform's settings

@@ -43,7 +43,7 @@ def fresh_run_dir(out: Path) -> None:
     import shutil
 
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    for name in ("metrics.csv", "summary.json", "scores.json", "ledger.csv", JOB_DONE):
+    for name in ("metrics.csv", "summary.json", "scores.json", "ledger.csv", JOB_DONE, TENANT_ERRORS):
         (out / name).unlink(missing_ok=True)
 
 

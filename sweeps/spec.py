@@ -310,14 +310,23 @@ def trial_request(spec: SweepSpec, params: dict[str, Any], number: int, seed_ind
                           "mlflow_experiment": spec.mlflow_experiment}, source or f"trial-{number:04d}")
 
 
+def valid_job(base: str | dict[str, Any], overrides: dict[str, Any]):
+    """The job config `base` with `overrides`, checked as a job's request checks it: the config itself, then what it
+    names on disk (a tenant's data files and reward/gate function refs: `training.inputs.check_inputs`)."""
+    from training.config import resolve_config
+    from training.inputs import check_inputs
+
+    cfg = resolve_config(base, overrides)
+    check_inputs(cfg)
+    return cfg
+
+
 def check_against_job(spec: SweepSpec, base_dir: Path | None = None) -> None:
     """Every varied field must exist in the job config and every listed value (both ends of a range) must make a
-    valid job. Raises BadInput naming `space.<field>`."""
-    from training.config import resolve_config
-
+    valid job, its data files and function refs included (`valid_job`). Raises BadInput naming `space.<field>`."""
     base = resolve_base(spec, base_dir)
     try:
-        resolve_config(base, dict(spec.overrides))
+        valid_job(base, dict(spec.overrides))
     except BadInput as err:
         raise BadInput(f"base/overrides: {err}") from None
     for path, space in spec.space.items():
@@ -325,7 +334,7 @@ def check_against_job(spec: SweepSpec, base_dir: Path | None = None) -> None:
             raise BadInput(f"space.{path}: also fixed under overrides (vary it or fix it, not both)")
         for value in space.candidates():
             try:
-                resolve_config(base, {**spec.overrides, path: value})
+                valid_job(base, {**spec.overrides, path: value})
             except BadInput as err:
                 raise BadInput(f"space.{path}: {value!r} does not make a valid job ({err})") from None
         if path == "seed" and spec.seeds_per_trial > 1:

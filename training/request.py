@@ -194,9 +194,15 @@ class JobRequest(BaseModel):
 
     config: str | dict[str, Any] = Field(
         DEFAULT_CONFIG, description="PPO config YAML (configs/ppo-tiny.yaml: a healthy job; configs/ppo-hack.yaml "
-        "over-optimises the proxy reward on purpose), or the config itself as a mapping")
+        "over-optimises the proxy reward on purpose; configs/ppo-arith.yaml: a data set with built-in rewards), or "
+        "the config itself as a mapping. Your own job: a YAML in your folder with task: {kind: dataset, train: "
+        "train.jsonl, heldout: heldout.jsonl, prompt_key: question}, reward: {kind: function, ref: "
+        "my_reward.py:score} and optionally gate: {kind: function, ref: my_reward.py:exact}; relative paths are "
+        "read from the config file's folder")
     overrides: dict[str, Any] = Field(
-        default_factory=dict, description='dotted config fields to change, e.g. {"ppo.kl_coef": 0.2, "seed": 1}')
+        default_factory=dict, description='dotted config fields to change, e.g. {"ppo.kl_coef": 0.2, "seed": 1}, '
+        'or your data and reward: {"task.train": "train-v2.jsonl", "reward.ref": "my_reward.py:score", '
+        '"gate.ref": "my_reward.py:exact"} (paths relative to the config file\'s folder)')
     tenant: str = Field("acme", pattern=NAME_PATTERN, description="the customer the job is charged to: its ledger, "
                         f"MLflow tag and <tenant>-policy model ({NAME_RULE})")
     name: str = Field("ppo-tiny", pattern=NAME_PATTERN,

@@ -22,8 +22,9 @@ def register(app: typer.Typer) -> None:
         slots: int = typer.Option(2, "--slots", help="GPU worker slots in the pool (a Prefect global concurrency "
                                   "limit; jobs hold theirs while they train)"),
         steps: int = typer.Option(24, "--steps", help="PPO steps per job (the 'short' job runs half)"),
-        jobs: Path = typer.Option(None, "--jobs", help="JSON list of jobs [{tenant, name, overrides, gpus, "
-                                  "steps_factor}] (default: five tenants, one job each)"),
+        jobs: Path = typer.Option(None, "--jobs", help="JSON list of jobs [{tenant, name, config, overrides, gpus, "
+                                  "steps_factor}] (config: a tenant's own PPO config, relative to the file's folder; "
+                                  "default: the round's small config; no --jobs: five tenants, one job each)"),
         out: Path = typer.Option(Path("results/platform"), "--out", help="output directory"),
         cache_dir: str = typer.Option("runs/.cache", "--cache-dir", help="base-policy / reward-model cache"),
         resume_paused: bool = typer.Option(False, "--resume-paused", help="run only the jobs an earlier round in --out "
@@ -65,7 +66,10 @@ def register(app: typer.Typer) -> None:
             if not isinstance(job_list, list):
                 raise BadInput("jobs: the file must hold a JSON list of job objects")
         # every job as a checked request (names, overrides, GPUs, config), before the server starts
-        from flows.params import DEFAULT_JOBS, check_round, round_requests, scheduler_gate
+        from flows.params import DEFAULT_JOBS, check_round, jobs_relative_to, round_requests, scheduler_gate
+
+        if jobs is not None:
+            job_list = jobs_relative_to(job_list, jobs.resolve().parent)
 
         check_round(round_requests(job_list or DEFAULT_JOBS, steps=steps, slots=slots, out_dir=str(out),
                                    cache_dir=cache_dir, detector=scheduler_gate(scheduler), seed=seed))

@@ -1,0 +1,164 @@
+"""A tenant's own job (data files, reward and gate functions in a folder outside the repository) through the
+`rlhf-job` flow, as its deployment runs it: COMPLETED with the data files as MLflow dataset inputs and the code
+hashes as tags; a reward function that raises ends the flow run FAILED with the failure class in its state message,
+the examples in job.json and as an MLflow artifact, while the trainer's process lives on; bad data fails the flow
+run before a slot, an MLflow run or a run directory exists. The deployment's run form tells a user how to name
+their data and reward.
+
+Oracles: the tenant folder of tests/cli/test_tenant_train.py (`_job`), the files' sha256 computed here, the
+tenant function's own process id written by the function."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from infra import tracking as T
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tenant_module():
+    """tests/cli/test_tenant_train.py (its `_job` writes a complete tenant folder), loaded under its own name."""
+    spec = importlib.util.spec_from_file_location("tenant_train_helpers", ROOT / "tests/cli/test_tenant_train.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+TENANT = _tenant_module()
+
+#: appended to the tenant's module: a reward that records its own process and raises on every sample
+RAISES = '''
+
+def broken(prompts, completions, **_):
+    with open("pids.txt", "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    raise KeyError("no such answer column")
+'''
+
+
+def _request(config: Path, out: Path, **fields) -> dict:
+    return {"config": str(config), "tenant": "acme", "name": "mine", "out_root": str(out), "run_dir": ".",
+            "detector": None, **fields}
+
+
+def test_a_tenant_dataset_job_completes_with_its_inputs_and_code_hashes(prefect_server, mlflow_store, tmp_path,
+                                                                        monkeypatch):
+    from flows.rlhf_job import rlhf_job
+
+    config = TENANT._job(tmp_path / "tenant", "my_reward.py:score")
+    monkeypatch.chdir(tmp_path)  # not the config's folder
+    state = rlhf_job(request=_request(config, tmp_path / "jobs"), return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary["state"] == "SUCCEEDED" and summary["metrics"]["steps"] == 4
+    run = T.client().get_run(summary["run_id"])
+    inputs = {i.dataset.name: i for i in run.inputs.dataset_inputs}
+    contexts = {name: {t.key: t.value for t in i.tags}["mlflow.data.context"] for name, i in inputs.items()}
+    assert sorted(contexts.values()) == ["eval", "training"], contexts
+    for i in inputs.values():
+        context = {t.key: t.value for t in i.tags}["mlflow.data.context"]
+        path = tmp_path / "tenant" / ("train.jsonl" if context == "training" else "heldout.jsonl")
+        assert hashlib.sha256(path.read_bytes()).hexdigest().startswith(i.dataset.digest)
+        assert str(path) in i.dataset.source
+    tags = run.data.tags
+    code = hashlib.sha256((tmp_path / "tenant" / "my_reward.py").read_bytes()).hexdigest()
+    assert tags["task.kind"] == "dataset" and tags["reward.kind"] == tags["gate.kind"] == "function"
+    assert tags["reward.ref"] == "my_reward.py:score" and tags["gate.ref"] == "my_reward.py:exact"
+    assert tags["reward.code_hash"] == tags["gate.code_hash"] == code[:16]  # one file, one hash: its bytes'
+    assert run.data.tags["run_state"] == "SUCCEEDED"
+
+
+def test_a_reward_function_that_raises_fails_the_flow_run_as_the_tenants_fault(prefect_server, mlflow_store,
+                                                                                 tmp_path):
+    from flows.rlhf_job import JOB_DONE, TENANT_ERRORS, rlhf_job
+
+    config = TENANT._job(tmp_path / "tenant", "my_reward.py:broken")
+    with (tmp_path / "tenant" / "my_reward.py").open("a") as f:
+        f.write(RAISES)
+    out = tmp_path / "jobs"
+    state = rlhf_job(request=_request(config, out), return_state=True)
+    assert state.is_failed()
+    message = " ".join(state.message.split())
+    assert "acme/mine: FAILED(tenant_code_fault): " in message, message
+    assert "your reward function my_reward.py:broken raised on 100.0% of samples (4 of 4) at step 1" in message
+    # the trainer's process lived: the function ran elsewhere, and this process goes on to read what was recorded
+    pids = {int(p) for p in (tmp_path / "tenant" / "pids.txt").read_text().split()}
+    assert pids and os.getpid() not in pids
+    job = json.loads((out / JOB_DONE).read_text())
+    assert job["state"].startswith("FAILED") and job["failure_class"] == "tenant_code_fault"
+    assert len(job["examples"]) == 4
+    assert {e["error"] for e in job["examples"]} == {"KeyError: 'no such answer column'"}
+    assert all("broken" in e["traceback"] for e in job["examples"])
+    assert json.loads((out / TENANT_ERRORS).read_text()) == job["examples"]
+    run = T.find_run(T.DEFAULT_EXPERIMENT, f"flow/{state.state_details.flow_run_id}")
+    assert run is not None and run.info.status == "FAILED"
+    assert run.data.tags["failure_class"] == "tenant_code_fault"
+    assert TENANT_ERRORS in {a.path for a in T.client().list_artifacts(run.info.run_id)}
+
+
+def test_a_rerun_in_the_same_directory_drops_the_last_runs_tenant_errors(tmp_path):
+    """A job started over (its tenant fixed the function) logs no stale tenant_code_errors.json."""
+    from flows.rlhf_job import JOB_DONE, TENANT_ERRORS, fresh_run_dir
+
+    for name in (TENANT_ERRORS, JOB_DONE, "metrics.csv"):
+        (tmp_path / name).write_text("{}")
+    fresh_run_dir(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("broken, field, where", [
+    ("train", "task.train", "line 7"),
+    ("ref", "reward.ref", "nowhere.py"),
+])
+def test_bad_tenant_input_fails_the_flow_run_before_a_slot_a_run_or_a_directory(broken, field, where,
+                                                                               prefect_server, mlflow_store,
+                                                                               tmp_path):
+    from flows.rlhf_job import rlhf_job
+    from infra import provision
+
+    config = TENANT._job(tmp_path / "tenant", "nowhere.py:score" if broken == "ref" else "my_reward.py:score")
+    if broken == "train":
+        lines = (tmp_path / "tenant" / "train.jsonl").read_text().splitlines()
+        lines[6] = '{"question": "broken", "answer": '
+        (tmp_path / "tenant" / "train.jsonl").write_text("\n".join(lines) + "\n")
+    provision._slot_pools.clear()
+    state = rlhf_job(request=_request(config, tmp_path / "jobs"), return_state=True)
+    assert state.is_failed()
+    (line,) = [ln for ln in state.message.splitlines() if ln.strip()]
+    assert field in line and where in line, line
+    if broken == "train":
+        assert "train.jsonl" in line
+    assert provision._slot_pools == {}  # no slot pool was even provisioned
+    assert not (tmp_path / "jobs").exists()
+    assert T.find_run(T.DEFAULT_EXPERIMENT, f"flow/{state.state_details.flow_run_id}") is None
+
+
+# ------------------------------------------------------------------------------------------------ the run form
+def test_the_run_form_tells_a_user_how_to_name_their_data_and_reward(tmp_path):
+    """The `request` parameter's schema, as `prefect deploy` sends it for the rlhf-job deployment."""
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.rlhf_job import rlhf_job
+
+    schema = parameter_schema(rlhf_job).model_dump()
+    fields = schema["definitions"]["JobRequest"]["properties"]
+    config, overrides = fields["config"]["description"], fields["overrides"]["description"]
+    assert "task: {kind: dataset" in config and "reward: {kind: function" in config, config
+    assert "folder" in config  # where the relative paths are read from
+    for key in ('"task.train"', '"reward.ref": "my_reward.py:score"'):
+        assert key in overrides, overrides
+    # the examples in the descriptions are valid: the overrides they show resolve against a dataset config
+    from training.request import parse_request
+
+    config_path = TENANT._job(tmp_path / "tenant", "my_reward.py:score")
+    checked = parse_request({"config": str(config_path), "out_root": str(tmp_path / "jobs"),
+                             "overrides": {"task.train": "train.jsonl", "reward.ref": "my_reward.py:score"}}
+                            ).checked()
+    assert checked.config.reward.ref == "my_reward.py:score" and checked.config.task.train.endswith("train.jsonl")
