@@ -314,6 +314,7 @@ def nightly_sweep(
     job: bool = True,
     job_steps: int | None = None,
     job_overrides: dict[str, Any] | None = None,
+    job_config: str | None = None,
     canaries: list[CanaryName] | None = None,
     canary_steps: int | None = None,
     platform: bool = True,
@@ -347,6 +348,8 @@ def nightly_sweep(
         job: run the RLHF job, register its best checkpoint and re-score it from the registry.
         job_steps: PPO steps of the job (empty: 24 quick, 60 full).
         job_overrides: dotted fields of the job's PPO config, e.g. {"ppo.max_new_tokens": 24}.
+        job_config: the job's config file instead of the small synthetic job (e.g. configs/ppo-arith.yaml, or a
+            tenant's dataset job; its own steps unless job_steps is given).
         canaries: the fault-injection canaries to run (empty: all seven; [] for none).
         canary_steps: PPO steps per canary (empty: 60 quick, 120 full).
         platform: run a live multi-tenant platform round.
@@ -374,7 +377,8 @@ def nightly_sweep(
     internals = parse_internals(internals)
     plan: NightlyPlan = check_nightly(
         quick=quick, experiments=experiments, seeds=seeds, canaries=canaries, canary_steps=canary_steps, job=job,
-        job_steps=job_steps, job_overrides=job_overrides, platform_steps=platform_steps, sweep=sweep,
+        job_steps=job_steps, job_overrides=job_overrides, job_config=job_config, platform_steps=platform_steps,
+        sweep=sweep,
         sweep_spec=sweep_spec, sweep_trials=sweep_trials, runner=runner, workers=workers, out_dir=out_dir,
         cache_dir=cache_dir, mlflow_experiment=mlflow_experiment, bench=not quick if bench is None else bench,
         bench_config=bench_config, bench_baseline=bench_baseline, bench_steps=bench_steps, bench_seeds=bench_seeds)

@@ -61,7 +61,8 @@ class NightlyPlan:
 def check_nightly(*, quick: bool = False, experiments: list[str] | None = None, seeds: list[int] | None = None,
                   canaries: list[str] | None = None, canary_steps: int | None = None, job: bool = True,
                   job_steps: int | None = None, job_overrides: dict[str, Any] | None = None,
-                  platform_steps: int | None = None, sweep: bool = True, sweep_spec: str = NIGHTLY_SWEEP_SPEC,
+                  job_config: str | None = None, platform_steps: int | None = None, sweep: bool = True,
+                  sweep_spec: str = NIGHTLY_SWEEP_SPEC,
                   sweep_trials: int | None = None, runner: str = "thread", workers: int | None = None,
                   out_dir: str | Path = "results/nightly", cache_dir: str = "runs/.cache",
                   mlflow_experiment: str | None = None, bench: bool = False,
@@ -104,7 +105,8 @@ def check_nightly(*, quick: bool = False, experiments: list[str] | None = None, 
     check_out_dir(cache_dir, "cache_dir")
     job_request = None
     if job:
-        job_request = nightly_job_request(steps, job_overrides, cache_dir, Path(out_dir), mlflow_experiment)
+        job_request = nightly_job_request(steps, job_overrides, cache_dir, Path(out_dir), mlflow_experiment,
+                                          config=job_config, steps_given=job_steps is not None)
         job_request.checked()
     trials = sweep_trials or (QUICK_SWEEP_TRIALS if quick else None)
     if sweep:
@@ -154,12 +156,23 @@ def nightly_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
 
 
 def nightly_job_request(steps: int, overrides: dict[str, Any] | None, cache_dir: str, out: Path,
-                        mlflow_experiment: str | None = None):
-    """The nightly's RLHF job as a `training.request.JobRequest`: `nightly_job_config`, tenant acme, run directory
+                        mlflow_experiment: str | None = None, config: str | None = None, steps_given: bool = False):
+    """The nightly's RLHF job as a `training.request.JobRequest`: `nightly_job_config` (or `config`, a job config
+    file such as a tenant's dataset job, its own steps unless `steps_given`), tenant acme, run directory
     OUT/rlhf-job."""
     from training.request import parse_request
 
-    fields = {"config": nightly_job_config(steps, cache_dir), "overrides": overrides or {}, "tenant": "acme",
+    if config is not None:
+        from common.config import config_path
+
+        if not config_path(config).is_file():
+            raise BadInput(f"job_config: file '{config}' not found, here or among the shipped configs (pass a job "
+                           "config YAML, e.g. configs/ppo-arith.yaml)")
+        job_config: Any = str(config_path(config))
+        overrides = {**({"steps": steps} if steps_given else {}), **(overrides or {})}
+    else:
+        job_config = nightly_job_config(steps, cache_dir)
+    fields = {"config": job_config, "overrides": overrides or {}, "tenant": "acme",
               "name": "nightly-ppo", "overlap": "full", "out_root": str(out), "run_dir": "rlhf-job"}
     if mlflow_experiment is not None:
         fields["mlflow_experiment"] = mlflow_experiment

@@ -61,6 +61,8 @@ def register(app: typer.Typer) -> None:
                                        "(2 trials with --quick, the spec's own count otherwise)"),
         job_steps: int = typer.Option(None, "--job-steps", help="PPO steps of the nightly's RLHF job "
                                       "(default: 24 quick, 60 full)"),
+        job_config: str = typer.Option(None, "--job-config", help="the RLHF job's config instead of the small "
+                                       "synthetic job (e.g. configs/ppo-arith.yaml, or a tenant's dataset job)"),
         canaries: str = typer.Option(None, "--canaries", help="comma-separated canaries to run, or 'none' "
                                      "(default: all: control, frozen_sync, constant_reward, oversized_lr, "
                                      "gameable_reward, behaviour_mismatch, duplicated_carry)"),
@@ -94,7 +96,7 @@ def register(app: typer.Typer) -> None:
             raise BadInput("--fail-rate: must be between 0 and 0.9")
         params = dict(quick=quick, experiments=split_list(experiments) if "matrix" in stages else [],
                       seeds=parse_seeds(seeds), detectors="detectors" in stages and not no_detectors,
-                      job="job" in stages and not no_job, job_steps=job_steps,
+                      job="job" in stages and not no_job, job_steps=job_steps, job_config=job_config,
                       canaries=split_list(canaries) if "canaries" in stages else [],
                       platform="platform" in stages and not no_platform, sweep="sweep" in stages and not no_sweep,
                       sweep_spec=sweep_spec, runner=runner, workers=workers, out_dir=str(out), cache_dir=cache_dir,

@@ -162,3 +162,20 @@ def test_the_run_form_tells_a_user_how_to_name_their_data_and_reward(tmp_path):
                              "overrides": {"task.train": "train.jsonl", "reward.ref": "my_reward.py:score"}}
                             ).checked()
     assert checked.config.reward.ref == "my_reward.py:score" and checked.config.task.train.endswith("train.jsonl")
+
+
+def test_the_nightly_job_stage_takes_a_dataset_config(tmp_path):
+    """`nightly --job-config` (the flow's `job_config`): the nightly's RLHF job is the given dataset config, its own
+    steps unless job_steps is given; a missing file is refused naming the parameter."""
+    from common.errors import BadInput
+    from flows.nightly_check import nightly_job_request
+
+    arith = Path(__file__).resolve().parents[2] / "configs" / "ppo-arith.yaml"
+    req = nightly_job_request(24, {"ppo.batch_size": 8}, str(tmp_path), tmp_path, config=str(arith))
+    cfg = req.checked().config
+    assert (cfg.task.kind, cfg.reward.ref, cfg.steps, cfg.ppo.batch_size) == ("dataset", "gsm8k:flexible_extract",
+                                                                               40, 8)
+    req = nightly_job_request(12, None, str(tmp_path), tmp_path, config=str(arith), steps_given=True)
+    assert req.checked().config.steps == 12
+    with pytest.raises(BadInput, match=r"^job_config: file 'nope.yaml' not found"):
+        nightly_job_request(12, None, str(tmp_path), tmp_path, config="nope.yaml")
