@@ -469,6 +469,11 @@ def check_train_memory(cfg: TrainConfig) -> None:
                  "lower hidden_size, num_layers or intermediate_size (or batch_size, max_new_tokens)")
 
 
+#: the weights file (or a sharded checkpoint's index) a transformers model directory holds
+CHECKPOINT_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                      "pytorch_model.bin.index.json")
+
+
 def check_train_resources(cfg: TrainConfig) -> None:
     """What the config names on disk, checked before anything is built: local checkpoints exist (a missing
     directory would otherwise be looked up on the Hugging Face Hub) and the warm-start cache is a directory."""
@@ -485,6 +490,9 @@ def check_train_resources(cfg: TrainConfig) -> None:
         if path and not (Path(path) / "config.json").is_file():
             raise BadInput(f"{field}: '{path}' is not a local checkpoint directory with a config.json "
                            "(nothing is downloaded: pass a saved transformers model directory)")
+        if path and not any((Path(path) / name).is_file() for name in CHECKPOINT_WEIGHTS):
+            raise BadInput(f"{field}: '{path}' has a config.json but no weights ({' or '.join(CHECKPOINT_WEIGHTS[::2])}"
+                           "): pass a directory written by save_pretrained")
     check_out_dir(cfg.cache_dir, "cache_dir")
     check_train_memory(cfg)
 

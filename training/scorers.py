@@ -182,3 +182,56 @@ def gold_code_hash() -> str:
 def describe_failure(err: BaseException) -> str:
     """The last lines of a traceback (examples for the tenant)."""
     return "".join(traceback.format_exception_only(type(err), err)).strip()
+
+
+def check_defined(ref: Any) -> None:
+    """BadInput (before any work) when a FILE.py ref's file cannot be parsed, or binds no `NAME` at its top level: read
+    with `ast`, never imported in the trainer. A file that binds names in ways `ast` cannot see (`from x import *`,
+    `globals()[...] = ...`) is given the benefit of the doubt: it is loaded in a worker when the job starts."""
+    import ast
+
+    from common.errors import BadInput
+
+    if ref.file is None:
+        return
+    source = Path(ref.file).read_bytes()
+    try:
+        tree = ast.parse(source, filename=str(ref.file))
+    except SyntaxError as err:
+        raise BadInput(f"{ref.field}: {Path(ref.file).name} line {err.lineno}: {err.msg} (fix the file and resubmit)"
+                       ) from None
+    except ValueError as err:  # null bytes
+        raise BadInput(f"{ref.field}: {Path(ref.file).name} is not Python source ({err})") from None
+    names: set[str] = set()
+
+    def bind(statements: list) -> bool:
+        """Add the names `statements` bind at module level (into if/try/with/for bodies, never into functions or
+        expressions); False on a star import (anything may be bound)."""
+        for node in statements:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias in node.names:
+                    if alias.name == "*":
+                        return False
+                    names.add((alias.asname or alias.name).split(".")[0])
+            else:
+                targets = {ast.Assign: lambda n: n.targets, ast.AnnAssign: lambda n: [n.target],
+                           ast.AugAssign: lambda n: [n.target], ast.For: lambda n: [n.target],
+                           ast.With: lambda n: [i.optional_vars for i in n.items if i.optional_vars]}
+                for kind, of in targets.items():
+                    if isinstance(node, kind):
+                        names.update(t.id for target in of(node) for t in ast.walk(target) if isinstance(t, ast.Name))
+                for block in ("body", "orelse", "finalbody"):
+                    if not bind(getattr(node, block, None) or []):
+                        return False
+                for handler in getattr(node, "handlers", None) or []:
+                    if not bind(handler.body):
+                        return False
+        return True
+
+    if not bind(tree.body) or "globals" in source.decode("utf-8", "replace") or ref.name in names:
+        return
+    defined = sorted(n for n in names if not n.startswith("_"))
+    raise BadInput(f"{ref.field}: {Path(ref.file).name} defines no {ref.name!r} at its top level (it defines: "
+                   f"{', '.join(defined) or 'nothing'}); give FILE.py:NAME of one of its functions")

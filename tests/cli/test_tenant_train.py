@@ -120,3 +120,21 @@ def test_a_missing_reward_file_exits_2_naming_the_field(tmp_path, capsys, monkey
     assert code == 2
     (line,) = [ln for ln in err.splitlines() if ln.strip()]
     assert "reward.ref" in line and "nowhere.py" in line
+
+
+@pytest.mark.parametrize(("ref", "source", "expected"), [
+    ("my_reward.py:nothing", None, "my_reward.py defines no 'nothing' at its top level (it defines: ROWS, exact, "
+                                   "flaky, json, os, score)"),
+    ("broken.py:score", "def score(prompts, completions):\n    return [\n", "broken.py line 2: "),
+])
+def test_a_ref_to_no_function_exits_2_before_any_work(tmp_path, capsys, monkeypatch, ref, source, expected):
+    """Read with `ast`, never imported in the trainer: a name the file does not define, or a file that does not
+    parse, is bad input found before any slot is taken (the tenant's code is loaded only in a worker)."""
+    config = _job(tmp_path / "tenant", ref)
+    if source is not None:
+        (tmp_path / "tenant" / ref.split(":")[0]).write_text(source)
+    code, _out, err = run_cli_output(["train", config, "--out", tmp_path / "run"], capsys, monkeypatch)
+    assert code == 2
+    (line,) = [ln for ln in err.splitlines() if ln.strip()]
+    assert "reward.ref" in line and expected in line
+
