@@ -31,6 +31,16 @@ NIGHTLY = {"quick": True, "experiments": ["E1"], "seeds": [42], "detectors": Fal
            "canaries": [], "platform": False, "sweep": False, "workers": 2}
 
 
+def _tenant_job(folder: Path) -> Path:
+    """A tenant's folder (data, reward module, config) as tests/cli/test_tenant_train.py writes it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tenant_train_helpers", ROOT / "tests/cli/test_tenant_train.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod._job(folder, "my_reward.py:score")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -170,6 +180,11 @@ def test_every_deployment_completes_under_a_real_server_and_process_worker(stack
                 "experiment": "E2", "out_dir": str(tmp / "sim")}}, timeout=0),
             "nightly": run_deployment("nightly-sweep/nightly-sweep", parameters={
                 **NIGHTLY, "out_dir": str(tmp / "nightly"), "cache_dir": str(tmp / "cache")}, timeout=0),
+            # a tenant's own job: their GSM8K-format files and reward module in a folder outside the repository; the
+            # reward function's processes are spawned from the worker's flow-run process (flows/ first on its path)
+            "tenant": run_deployment("rlhf-job/rlhf-job", parameters={"request": {
+                "config": str(_tenant_job(tmp / "tenant")), "tenant": "initech", "name": "arith",
+                "out_root": str(tmp / "job-initech")}}, timeout=0),
         }
         runs = _wait({k: fr.id for k, fr in submitted.items()}, stack["logs"]["worker"])
         t1 = time.time()
@@ -206,6 +221,13 @@ def test_every_deployment_completes_under_a_real_server_and_process_worker(stack
         plots = {a.path for a in client.list_artifacts(job.run_id, "plots")}
         assert plots == {"plots/reward.png", "plots/kl.png", "plots/entropy.png", "plots/eval_gate.png"}, name
         assert client.search_model_versions(f"name = '{tenant}-policy' and run_id = '{job.run_id}'"), name
+    tenant = by_flow_run[str(runs["tenant"].id)]
+    assert tenant["tags.run_state"].startswith("SUCCEEDED"), tenant["tags.reason"]
+    assert tenant["tags.reward.ref"] == "my_reward.py:score" and tenant["tags.task.kind"] == "dataset"
+    inputs = {(d.dataset.name, {t.key: t.value for t in d.tags}["mlflow.data.context"])
+              for d in client.get_run(tenant.run_id).inputs.dataset_inputs}
+    assert inputs == {("train.jsonl", "training"), ("heldout.jsonl", "eval")}
+    assert float(tenant["metrics.steps"]) == 4
     job = by_flow_run[str(job_id)]
     version = client.get_model_version_by_alias("acme-policy", "best")
     evaluation = by_flow_run[str(runs["evaluate"].id)]

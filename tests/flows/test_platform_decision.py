@@ -115,4 +115,6 @@ def test_decided_by_names_the_pruner_a_hooks_stopper_the_supervisors_gate_and_a_
     died = run(Dies)
     assert died.status.state.value == "FAILED" and decided_by(died) == "error"
     assert job_record(died) | {"run_id": ""} == {"run_id": "", "state": died.status.label, "decided_by": "error",
-                                                "decision": "failed: platform_fault at step 2"}
+                                                "decision": "failed: platform_fault at step 2",
+                                                "failure_class": "platform_fault", "reason": died.status.reason}
+    assert "worker died" in died.status.reason

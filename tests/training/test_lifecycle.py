@@ -399,7 +399,8 @@ def test_read_history_types_each_field_orders_the_steps_and_stops_at_the_checkpo
     assert type(first.tokens_generated) is int and first.tokens_generated == 10
     assert first.reward_mean == 0.1 and first.gold_eval == 0.25 and math.isnan(second.gold_eval)
     assert math.isnan(first.kl)  # a column the file lacks keeps its default
-    assert first.phase_seconds == {"rollout": 0.5, "score": 0.0, "sync": 0.0, "optim": 0.0, "eval": 2.0}
+    assert first.phase_seconds == {"rollout": 0.5, "score": 0.0, "sync": 0.0, "optim": 0.0, "eval": 2.0,
+                                   "reward_fn": 0.0}
     assert second.phase_seconds["eval"] == 0.0
     assert [r.step for r in read_history(str(tmp_path), 9)] == [1, 2, 3]
 
