@@ -189,10 +189,12 @@ def _pad_right(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Ten
     return ids, mask
 
 
-def sft_base_policy(cfg: TrainConfig, tok: Tokenizer, model: PreTrainedModel) -> None:
-    """Fit the tiny base policy to the task corpus (response tokens + EOS only), in place."""
+def fit_completions(cfg: TrainConfig, tok: Tokenizer, model: PreTrainedModel, draw) -> None:
+    """Supervised fine-tuning of the base policy, in place: `task.sft_steps` AdamW steps (`sft_lr`, warm-up then
+    linear decay) on length-bucketed batches of `sft_batch_size` (prompt, completion) pairs, the loss on the
+    completion's tokens and EOS only. `draw(rng) -> (the prompt's text as the model reads it, the completion)` gives
+    the pairs (the run's seed decides them)."""
     task = cfg.task
-    prompts = make_prompts(task, cfg.seed).train
     rng = np.random.default_rng([cfg.seed, 303])
     opt = torch.optim.AdamW(model.parameters(), lr=task.sft_lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / task.sft_steps))
@@ -204,9 +206,9 @@ def sft_base_policy(cfg: TrainConfig, tok: Tokenizer, model: PreTrainedModel) ->
         if not batches:  # length-bucketed batches: long-tailed lengths would otherwise be mostly padding
             pool = []
             for _ in range(8 * task.sft_batch_size):
-                p = prompts[int(rng.integers(len(prompts)))]
-                p_ids = tok.encode(format_prompt(p))
-                r_ids = tok.encode(corpus_response(p, task, rng))[:cap]
+                prompt_text, completion = draw(rng)
+                p_ids = tok.encode(prompt_text)
+                r_ids = tok.encode(completion)[:cap]
                 pool.append((p_ids + r_ids + ([tok.eos_id] if len(r_ids) < cap else []), len(p_ids)))
             pool.sort(key=lambda x: len(x[0]))
             batches = [pool[k : k + task.sft_batch_size] for k in range(0, len(pool), task.sft_batch_size)]
@@ -226,6 +228,17 @@ def sft_base_policy(cfg: TrainConfig, tok: Tokenizer, model: PreTrainedModel) ->
         opt.step()
         sched.step()
     model.eval()
+
+
+def sft_base_policy(cfg: TrainConfig, tok: Tokenizer, model: PreTrainedModel) -> None:
+    """Fit the tiny base policy to the synthetic task's corpus, in place (`fit_completions`)."""
+    prompts = make_prompts(cfg.task, cfg.seed).train
+
+    def draw(rng: np.random.Generator) -> tuple[str, str]:
+        p = prompts[int(rng.integers(len(prompts)))]
+        return format_prompt(p), corpus_response(p, cfg.task, rng)
+
+    fit_completions(cfg, tok, model, draw)
 
 
 def _pair_tensors(cfg: TrainConfig, tok: Tokenizer) -> tuple[list[list[int]], list[list[int]]]:
@@ -308,43 +321,14 @@ def _cached(path: Path, model: torch.nn.Module, build) -> None:
 
 
 def sft_references(cfg: TrainConfig, tok: Tokenizer, model: PreTrainedModel, inputs: Any) -> None:
-    """Fit the base policy to a data set's reference completions (`task.sft_key`: response tokens + EOS only), in
-    place: length-bucketed batches of train rows drawn with the run's seed, the same schedule as the synthetic
-    corpus's `sft_base_policy`."""
-    task = cfg.task
-    rng = np.random.default_rng([cfg.seed, 303])
-    opt = torch.optim.AdamW(model.parameters(), lr=task.sft_lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / task.sft_steps))
-    model.train()
-    device = _device_of(model)
-    cap = cfg.ppo.max_new_tokens
-    batches: list[list[tuple[list[int], int]]] = []
-    for _ in range(task.sft_steps):
-        if not batches:
-            pool = []
-            for _ in range(8 * task.sft_batch_size):
-                row = int(rng.integers(inputs.n_train))
-                p_ids = tok.encode(inputs.render(inputs.prompt("train", row)))
-                r_ids = tok.encode(str(inputs.reference(row) or ""))[:cap]
-                pool.append((p_ids + r_ids + ([tok.eos_id] if len(r_ids) < cap else []), len(p_ids)))
-            pool.sort(key=lambda x: len(x[0]))
-            batches = [pool[k : k + task.sft_batch_size] for k in range(0, len(pool), task.sft_batch_size)]
-            rng.shuffle(batches)
-        batch = batches.pop()
-        seqs, starts = [b[0] for b in batch], [b[1] for b in batch]
-        ids, mask = (t.to(device) for t in _pad_right(seqs, tok.pad_id))
-        labels = ids.clone()
-        labels[mask == 0] = -100
-        for i, s in enumerate(starts):
-            labels[i, :s] = -100
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-    model.eval()
+    """Fit the base policy to a data set's reference completions (`task.sft_key`), in place: train rows drawn with
+    the run's seed (`fit_completions`)."""
+
+    def draw(rng: np.random.Generator) -> tuple[str, str]:
+        row = int(rng.integers(inputs.n_train))
+        return inputs.render(inputs.prompt("train", row)), str(inputs.reference(row) or "")
+
+    fit_completions(cfg, tok, model, draw)
 
 
 def base_policy(cfg: TrainConfig, tok: Tokenizer, device: torch.device | str | None = None,

@@ -6,66 +6,15 @@ one line, exit 1, examples in job.json and the last checkpoint kept; bad data ex
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-import yaml
 from cli_helpers import run_cli_output
-
-#: questions and answers the tenant's reward function checks its columns against (an independent oracle of the row
-#: alignment: the trainer never sees this mapping)
-ROWS = [{"question": f"What is {a} plus {b}?", "answer": f"{a}+{b} = <<{a}+{b}={a + b}>>{a + b}\n#### {a + b}",
-         "difficulty": a % 3} for a in range(1, 9) for b in range(1, 4)]
-
-REWARD = '''
-import json, os
-ROWS = {r["question"]: r for r in json.load(open("rows.json"))}
-
-def score(prompts, completions, answer, difficulty, **_):
-    out = []
-    for p, c, a, d in zip(prompts, completions, answer, difficulty):
-        if ROWS[p]["answer"] != a or ROWS[p]["difficulty"] != d:   # the columns must be the prompt's own row
-            raise AssertionError(f"misaligned row for {p!r}")
-        out.append(1.0 if len(c) % 2 else 0.0)
-    return out
-
-def flaky(prompts, completions, **_):
-    # good for the first two steps, then raises on every sample
-    with open("calls.txt", "a") as f:
-        f.write("x")
-    if os.path.getsize("calls.txt") > 2:
-        raise ValueError("the answer checker crashed")
-    return [0.5] * len(completions)
-
-def exact(prompts, completions, answer, **_):
-    return [float(c.strip().endswith(a.split("#### ")[-1])) for c, a in zip(completions, answer)]
-'''
-
-
-def _job(folder: Path, reward_ref: str, **over) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[:20]))
-    (folder / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[20:]))
-    (folder / "rows.json").write_text(json.dumps(ROWS))
-    (folder / "my_reward.py").write_text(REWARD)
-    cfg = {"steps": 4, "cache_dir": str(folder / "cache"),
-           "policy": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64},
-           "task": {"kind": "dataset", "train": "train.jsonl", "heldout": "heldout.jsonl", "prompt_key": "question",
-                    "sft_key": "answer", "max_prompt_tokens": 64, "sft_steps": 4},
-           "reward": {"kind": "function", "ref": reward_ref, "timeout_s": 60},
-           "gate": {"kind": "function", "ref": "my_reward.py:exact"},
-           "ppo": {"batch_size": 4, "max_new_tokens": 12, "num_ppo_epochs": 1},
-           "checkpoint_every": 2, "eval_every": 2, "eval_prompts": 4}
-    for k, v in over.items():
-        cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) else v
-    path = folder / "job.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+from tenant_job import ROWS, write_job
 
 
 @pytest.mark.timeout(600)
 def test_a_tenant_reward_function_trains_on_its_own_rows(tmp_path, capsys, monkeypatch):
-    config = _job(tmp_path / "tenant", "my_reward.py:score")
+    config = write_job(tmp_path / "tenant", "my_reward.py:score")
     monkeypatch.chdir(tmp_path)  # not the config's folder: its files must still be found
     code, out, err = run_cli_output(["train", config, "--overlap", "full", "--out", tmp_path / "run"], capsys,
                                     monkeypatch)
@@ -82,7 +31,7 @@ def test_a_tenant_reward_function_trains_on_its_own_rows(tmp_path, capsys, monke
 
 @pytest.mark.timeout(600)
 def test_a_reward_function_that_raises_fails_the_job_as_the_tenants_fault(tmp_path, capsys, monkeypatch):
-    config = _job(tmp_path / "tenant", "my_reward.py:flaky")
+    config = write_job(tmp_path / "tenant", "my_reward.py:flaky")
     code, out, err = run_cli_output(["train", config, "--overlap", "none", "--out", tmp_path / "run",
                                      "--detector", "paired"], capsys, monkeypatch)
     assert code == 1
@@ -103,7 +52,7 @@ def test_a_reward_function_that_raises_fails_the_job_as_the_tenants_fault(tmp_pa
 
 
 def test_bad_tenant_data_exits_2_naming_the_file_and_line(tmp_path, capsys, monkeypatch):
-    config = _job(tmp_path / "tenant", "my_reward.py:score")
+    config = write_job(tmp_path / "tenant", "my_reward.py:score")
     lines = (tmp_path / "tenant" / "train.jsonl").read_text().splitlines()
     lines[6] = '{"question": "broken", "answer": '
     (tmp_path / "tenant" / "train.jsonl").write_text("\n".join(lines) + "\n")
@@ -115,7 +64,7 @@ def test_bad_tenant_data_exits_2_naming_the_file_and_line(tmp_path, capsys, monk
 
 
 def test_a_missing_reward_file_exits_2_naming_the_field(tmp_path, capsys, monkeypatch):
-    config = _job(tmp_path / "tenant", "nowhere.py:score")
+    config = write_job(tmp_path / "tenant", "nowhere.py:score")
     code, _out, err = run_cli_output(["train", config, "--out", tmp_path / "run"], capsys, monkeypatch)
     assert code == 2
     (line,) = [ln for ln in err.splitlines() if ln.strip()]
@@ -130,7 +79,7 @@ def test_a_missing_reward_file_exits_2_naming_the_field(tmp_path, capsys, monkey
 def test_a_ref_to_no_function_exits_2_before_any_work(tmp_path, capsys, monkeypatch, ref, source, expected):
     """Read with `ast`, never imported in the trainer: a name the file does not define, or a file that does not
     parse, is bad input found before any slot is taken (the tenant's code is loaded only in a worker)."""
-    config = _job(tmp_path / "tenant", ref)
+    config = write_job(tmp_path / "tenant", ref)
     if source is not None:
         (tmp_path / "tenant" / ref.split(":")[0]).write_text(source)
     code, _out, err = run_cli_output(["train", config, "--out", tmp_path / "run"], capsys, monkeypatch)

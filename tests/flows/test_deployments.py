@@ -32,13 +32,10 @@ NIGHTLY = {"quick": True, "experiments": ["E1"], "seeds": [42], "detectors": Fal
 
 
 def _tenant_job(folder: Path) -> Path:
-    """A tenant's folder (data, reward module, config) as tests/cli/test_tenant_train.py writes it."""
-    import importlib.util
+    """A tenant's folder (data, reward module, config): tests/tenant_job.py."""
+    from tenant_job import write_job
 
-    spec = importlib.util.spec_from_file_location("tenant_train_helpers", ROOT / "tests/cli/test_tenant_train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod._job(folder, "my_reward.py:score")
+    return write_job(folder, "my_reward.py:score")
 
 
 def _free_port() -> int:

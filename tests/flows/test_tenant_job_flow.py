@@ -11,27 +11,17 @@ tenant function's own process id written by the function."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 from pathlib import Path
 
 import pytest
+import tenant_job as TENANT  # noqa: N812 - tests/tenant_job.py: the tenant's folder
 
 from infra import tracking as T
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def _tenant_module():
-    """tests/cli/test_tenant_train.py (its `_job` writes a complete tenant folder), loaded under its own name."""
-    spec = importlib.util.spec_from_file_location("tenant_train_helpers", ROOT / "tests/cli/test_tenant_train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-TENANT = _tenant_module()
 
 #: appended to the tenant's module: a reward that records its own process and raises on every sample
 RAISES = '''
@@ -52,7 +42,7 @@ def test_a_tenant_dataset_job_completes_with_its_inputs_and_code_hashes(prefect_
                                                                         monkeypatch):
     from flows.rlhf_job import rlhf_job
 
-    config = TENANT._job(tmp_path / "tenant", "my_reward.py:score")
+    config = TENANT.write_job(tmp_path / "tenant", "my_reward.py:score")
     monkeypatch.chdir(tmp_path)  # not the config's folder
     state = rlhf_job(request=_request(config, tmp_path / "jobs"), return_state=True)
     assert state.is_completed(), state.message
@@ -79,7 +69,7 @@ def test_a_reward_function_that_raises_fails_the_flow_run_as_the_tenants_fault(p
                                                                                  tmp_path):
     from flows.rlhf_job import JOB_DONE, TENANT_ERRORS, rlhf_job
 
-    config = TENANT._job(tmp_path / "tenant", "my_reward.py:broken")
+    config = TENANT.write_job(tmp_path / "tenant", "my_reward.py:broken")
     with (tmp_path / "tenant" / "my_reward.py").open("a") as f:
         f.write(RAISES)
     out = tmp_path / "jobs"
@@ -123,7 +113,7 @@ def test_bad_tenant_input_fails_the_flow_run_before_a_slot_a_run_or_a_directory(
     from flows.rlhf_job import rlhf_job
     from infra import provision
 
-    config = TENANT._job(tmp_path / "tenant", "nowhere.py:score" if broken == "ref" else "my_reward.py:score")
+    config = TENANT.write_job(tmp_path / "tenant", "nowhere.py:score" if broken == "ref" else "my_reward.py:score")
     if broken == "train":
         lines = (tmp_path / "tenant" / "train.jsonl").read_text().splitlines()
         lines[6] = '{"question": "broken", "answer": '
@@ -157,7 +147,7 @@ def test_the_run_form_tells_a_user_how_to_name_their_data_and_reward(tmp_path):
     # the examples in the descriptions are valid: the overrides they show resolve against a dataset config
     from training.request import parse_request
 
-    config_path = TENANT._job(tmp_path / "tenant", "my_reward.py:score")
+    config_path = TENANT.write_job(tmp_path / "tenant", "my_reward.py:score")
     checked = parse_request({"config": str(config_path), "out_root": str(tmp_path / "jobs"),
                              "overrides": {"task.train": "train.jsonl", "reward.ref": "my_reward.py:score"}}
                             ).checked()

@@ -8,32 +8,22 @@ Oracles: the tenant folder of tests/cli/test_tenant_train.py (`_job`), paths wor
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+import tenant_job as TENANT  # noqa: N812 - tests/tenant_job.py: the tenant's folder
 
 from common.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _tenant_module():
-    """tests/cli/test_tenant_train.py (its `_job` writes a complete tenant folder), loaded under its own name."""
-    spec = importlib.util.spec_from_file_location("tenant_train_helpers", ROOT / "tests/cli/test_tenant_train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-TENANT = _tenant_module()
-
 
 def _jobs_file(tmp_path: Path, *extra: dict) -> Path:
     """tmp_path/round/jobs.json: a synthetic job and the tenant's dataset job (config relative to the file), and
     `extra` entries."""
-    TENANT._job(tmp_path / "round" / "tenant", "my_reward.py:score")
+    TENANT.write_job(tmp_path / "round" / "tenant", "my_reward.py:score")
     jobs = [{"tenant": "acme", "name": "synthetic", "overrides": {"ppo.kl_coef": 0.1}},
             {"tenant": "globex", "name": "mine", "config": "tenant/job.yaml",
              "overrides": {"reward.ref": "my_reward.py:exact", "ppo.actor_lr": 5e-4}}, *extra]

@@ -8,11 +8,11 @@ Oracles: the tenant folder of tests/cli/test_tenant_train.py (`_job`), the spec'
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+import tenant_job as TENANT  # noqa: N812 - tests/tenant_job.py: the tenant's folder
 import yaml
 
 from common.errors import BadInput
@@ -20,22 +20,12 @@ from common.errors import BadInput
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _tenant_module():
-    """tests/cli/test_tenant_train.py (its `_job` writes a complete tenant folder), loaded under its own name."""
-    spec = importlib.util.spec_from_file_location("tenant_train_helpers", ROOT / "tests/cli/test_tenant_train.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-TENANT = _tenant_module()
-
 
 def _spec(tmp_path: Path, merge: bool = True, **fields) -> Path:
     """A sweep spec beside the tenant's files (base: job.yaml, relative to the spec's folder); `fields` update the
     tiny default spec (mappings merged into its own unless `merge` is off)."""
     folder = tmp_path / "tenant"
-    TENANT._job(folder, "my_reward.py:score")
+    TENANT.write_job(folder, "my_reward.py:score")
     raw = {"name": "mine", "base": "job.yaml", "overrides": {"reward.ref": "my_reward.py:score", "steps": 4},
            "space": {"ppo.actor_lr": {"grid": [5e-4, 1e-3]}}, "sampler": {"kind": "grid", "seed": 0}, "trials": 2,
            "tenant": "globex", "concurrency": 1, "pruning": {"detector": "none"}, "out_dir": str(tmp_path / "sweep"),
