@@ -81,6 +81,7 @@ def bench_gain(config: str | Path, seeds: list[int], overlap: str = "full", step
         say(f"seed {seed}: {s_mean:.3f} -> {f_mean:.3f}, gain {gain:+.3f} ± {se:.3f} (z {row['z']:.1f}) in "
             f"{row['wall_s']:.0f} s")
         per_seed.append(row)
-    return {"config": str(config), "overlap": overlap, "z_required": z, "seeds": per_seed,
+    return {"config": str(config), "overrides": dict(overrides or {}), "overlap": overlap, "z_required": z,
+            "seeds": per_seed,
             "passed": all(r["passed"] for r in per_seed),
             "wall_s_max": max(r["wall_s"] for r in per_seed)}

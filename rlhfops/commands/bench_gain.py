@@ -18,6 +18,8 @@ def register_bench(bench_app: typer.Typer) -> None:
         overlap: str = typer.Option("full", "--overlap", help="none, intra, inter or full"),
         steps: int = typer.Option(None, "--steps", help="training steps (default: the config's)"),
         z: float = typer.Option(2.0, "--z", help="standard errors a seed's gain must exceed"),
+        set_: list[str] = typer.Option([], "--set", help="a dotted config override, e.g. ppo.actor_lr=3e-5 "
+                                       "(repeatable)"),
         out: Path = typer.Option(None, "--out", help="write the JSON here"),
     ) -> None:
         """Warm start vs trained policy on every held-out prompt, per seed: gain, its standard error, z, wall."""
@@ -36,7 +38,10 @@ def register_bench(bench_app: typer.Typer) -> None:
         check_overlap(overlap)
         if out is not None:
             check_out_file(out, "--out")
-        cfg = load_config(config)
+        from common.config import parse_overrides
+
+        overrides = parse_overrides(set_)
+        cfg = load_config(config, overrides)
         from training.inputs import check_inputs
 
         check_inputs(cfg)
@@ -44,7 +49,7 @@ def register_bench(bench_app: typer.Typer) -> None:
 
         console = make_console()
         result = bench_gain(config, [cfg.seed + k for k in range(seeds)], overlap, steps, z,
-                            say=lambda m: console.print(m, highlight=False))
+                            say=lambda m: console.print(m, highlight=False), overrides=overrides)
         write_json(result, out)
         for r in result["seeds"]:
             console.print(f"seed {r['seed']}: {r['start']:.3f} ± {r['start_se']:.3f} -> {r['final']:.3f} ± "
