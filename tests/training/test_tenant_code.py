@@ -159,9 +159,9 @@ def test_samples_that_raise_score_none_with_their_traceback_the_rest_are_scored(
     assert "partial_reward.py" in got.errors[0].traceback_tail and "raise ValueError" in got.errors[0].traceback_tail
 
 
-def test_a_hang_is_stopped_with_the_processes_it_started(pool, folder, good, tmp_path):
-    pids = tmp_path / "pids"
-    ref = tenant(folder, "hang_reward", f"""
+def stuck_with_child(folder, name, pids):
+    """A tenant function that starts `sleep 600`, writes its own and the child's pid to `pids`, and never returns."""
+    return tenant(folder, name, f"""
         import os, subprocess
         def score(prompts, completions, **columns):
             child = subprocess.Popen(["sleep", "600"])
@@ -169,6 +169,11 @@ def test_a_hang_is_stopped_with_the_processes_it_started(pool, folder, good, tmp
             while True:
                 pass
     """)
+
+
+def test_a_hang_is_stopped_with_the_processes_it_started(pool, folder, good, tmp_path):
+    pids = tmp_path / "pids"
+    ref = stuck_with_child(folder, "hang_reward", pids)
     start = time.monotonic()
     err = failure(pool, ref)
     assert time.monotonic() - start < TIMEOUT_S + 10
@@ -303,14 +308,7 @@ def test_parse_ref(folder, tmp_path, monkeypatch):
 
 def test_close_is_prompt_while_a_worker_is_stuck_with_a_child(folder, tmp_path):
     pids = tmp_path / "pids"
-    ref = tenant(folder, "stuck_reward", f"""
-        import os, subprocess
-        def score(prompts, completions, **columns):
-            child = subprocess.Popen(["sleep", "600"])
-            open({str(pids)!r}, "w").write(f"{{os.getpid()}} {{child.pid}}\\n")
-            while True:
-                pass
-    """)
+    ref = stuck_with_child(folder, "stuck_reward", pids)
     own = TenantFunctionPool(folder, workers=1, memory_mb=MEMORY_MB)
     ended = []
 
