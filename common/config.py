@@ -163,6 +163,24 @@ def validate_strict(model: type[Model], tree: Mapping[str, Any]) -> Model:
     return model.model_validate_json(json.dumps(tree, default=_json_value), strict=True)
 
 
+def _set_fields(model: Any) -> dict[str, Any]:
+    """`model` as a JSON tree of the fields that were set (pydantic's `model_fields_set`), recursively; a nested
+    model left to its default keeps what that default instance was built with (a section whose default names some of
+    its fields, as scheduling's `lora` job type), so an override into it still finds them."""
+    from pydantic import BaseModel
+
+    out: dict[str, Any] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            sub = _set_fields(value)
+            if name in model.model_fields_set or sub:
+                out[name] = sub
+        elif name in model.model_fields_set:
+            out[name] = model.model_dump(mode="json", include={name})[name]
+    return out
+
+
 def _override_for(loc: str, overrides: Mapping[str, Any]) -> str | None:
     for key in overrides:
         if loc == key or loc.startswith(key + ".") or key.startswith(loc + "."):
@@ -192,7 +210,9 @@ def validate_with_overrides(model: type[Model], raw: dict, overrides: Mapping[st
         raise BadInput(describe_validation_error(err, source=source)) from None
     if not overrides:
         return base
-    tree = base.model_dump(mode="json")
+    # what the file set, not every default: a default that depends on another field (a training config's
+    # `algorithm` picks the ppo defaults) follows an override of that field
+    tree = _set_fields(base)
     for key, value in overrides.items():
         set_dotted(tree, key, value)
     try:

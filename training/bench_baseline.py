@@ -53,6 +53,13 @@ def _as_run(config: dict) -> dict:
     from training.device import cuda_absent_reason
 
     device = config.get("device")
+    if "algorithm" not in config and isinstance(config.get("ppo"), dict):
+        # before `algorithm`: ppo.advantage named it, and ppo (gae) ignored group_size (one completion per prompt)
+        ppo = dict(config["ppo"])
+        was = ppo.pop("advantage", "gae")
+        config = {**config, "algorithm": "ppo" if was == "gae" else was, "ppo": ppo}
+        if was == "gae":
+            ppo["group_size"] = 1
     try:
         config = TrainConfig.model_validate(config).model_dump(mode="json")
     except ValidationError:

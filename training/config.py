@@ -246,9 +246,27 @@ class PPOConfig(Strict):
     #: learning rates: 0 < lr <= 1 (Adam steps above 1 diverge for any model)
     actor_lr: float = Field(1e-3, gt=0.0, le=1.0)
     critic_lr: float = Field(1e-3, gt=0.0, le=1.0)
-    #: "gae": PPO with a critic; "grpo"/"rloo": critic-free group advantages (group_size samples per prompt)
-    advantage: Literal["gae", "grpo", "rloo"] = "gae"
-    group_size: int = Field(4, ge=2, le=65536)
+    #: completions sampled per prompt (G). The top-level `algorithm` sets its default: ppo 1, grpo 8, rloo 2 (TRL's
+    #: GRPOConfig / RLOOConfig `num_generations`); grpo and rloo need G >= 2 (their baseline is the group)
+    group_size: int = Field(1, ge=1, le=65536)
+    #: grpo: divide each group's centred rewards by the group's standard deviation ("group", GRPO and TRL's
+    #: default) or not ("none", Dr. GRPO, Liu et al. 2025)
+    scale_rewards: Literal["group", "none"] = "group"
+    #: where the KL to the reference policy goes: "reward" (k1 per token, subtracted from the reward: PPO's and
+    #: RLOO's) or "loss" (the k3 estimator added to the loss with weight kl_coef: GRPO's `beta`). kl_coef 0 builds
+    #: no reference model at all
+    kl_in: Literal["reward", "loss"] = "reward"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "advantage" in data:
+            data = dict(data)
+            was = data.pop("advantage")
+            if was not in ("gae", None):  # a saved config of an earlier version holds the default "gae": dropped
+                raise ValueError(f"advantage: {was!r} moved: write the top-level `algorithm: {was}` "
+                                 "(and ppo.group_size for its completions per prompt)")
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> PPOConfig:
@@ -256,9 +274,34 @@ class PPOConfig(Strict):
             raise ValueError(
                 f"batch_size ({self.batch_size}) must be divisible by num_mini_batches ({self.num_mini_batches})"
             )
-        if self.advantage != "gae" and self.batch_size % self.group_size:
-            raise ValueError(f"batch_size must be a multiple of group_size ({self.group_size}) for grpo/rloo")
+        if self.batch_size % self.group_size:
+            raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of group_size ({self.group_size}): "
+                             "a step trains whole groups of completions of one prompt")
         return self
+
+
+#: the algorithms (top-level `algorithm`) and the ppo fields each sets when the config leaves them out: TRL 1.16's
+#: GRPOConfig (num_generations 8, beta 0.0: no reference model, one iteration per generation batch, no batch
+#: whitening) and RLOOConfig (num_generations 2, beta 0.05 in the reward, normalize_advantages False); ppo is
+#: TRL 0.19's PPOConfig (the module docstring). docs/algorithms.md lists where these differ from TRL and why.
+ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
+    "ppo": {"group_size": 1, "kl_coef": 0.05, "kl_in": "reward", "whiten_advantages": True, "num_ppo_epochs": 4},
+    "grpo": {"group_size": 8, "kl_coef": 0.0, "kl_in": "loss", "whiten_advantages": False, "num_ppo_epochs": 1},
+    "rloo": {"group_size": 2, "kl_coef": 0.05, "kl_in": "reward", "whiten_advantages": False, "num_ppo_epochs": 1},
+}
+ALGORITHMS = tuple(ALGORITHM_DEFAULTS)
+
+
+def with_algorithm_defaults(ppo: PPOConfig, algorithm: str) -> PPOConfig:
+    """`ppo` with `algorithm`'s defaults in every field the config left out (pydantic's `model_fields_set`). The
+    filled fields stay unset, so a config re-validated with another algorithm (an override, a sweep trial's
+    `algorithm`) takes that algorithm's defaults, not these."""
+    unset = {k: v for k, v in ALGORITHM_DEFAULTS[algorithm].items() if k not in ppo.model_fields_set}
+    if not unset:
+        return ppo
+    out = ppo.model_copy(update=unset)
+    object.__setattr__(out, "__pydantic_fields_set__", set(ppo.model_fields_set))
+    return out
 
 
 class OPPOConfig(Strict):
@@ -314,6 +357,9 @@ class FaultConfig(Strict):
 
 class TrainConfig(Strict):
     name: str = "ppo"
+    #: ppo (a learned critic, GAE), grpo (group-relative advantages) or rloo (leave-one-out baseline): the last two
+    #: build no critic; each sets its own defaults for the ppo fields a config leaves out (ALGORITHM_DEFAULTS)
+    algorithm: Literal["ppo", "grpo", "rloo"] = "ppo"
     #: numpy and torch generators take non-negative seeds
     seed: int = Field(0, ge=0, le=2**32 - 1)
     steps: int = Field(100, ge=1, le=10_000_000)
@@ -361,6 +407,18 @@ class TrainConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
+        # the algorithm's defaults fill the ppo fields left out (an after-validator: a before-validator's returned
+        # mapping would be re-read in Python mode, where strict validation refuses a list for a tuple)
+        self.ppo = with_algorithm_defaults(self.ppo, self.algorithm)
+        if self.ppo.batch_size % self.ppo.group_size:
+            raise ValueError(f"ppo.batch_size ({self.ppo.batch_size}) must be a multiple of ppo.group_size "
+                             f"({self.ppo.group_size}): a step trains whole groups of completions of one prompt")
+        if self.algorithm != "ppo" and self.ppo.group_size < 2:
+            raise ValueError(f"ppo.group_size: {self.algorithm} needs at least 2 completions per prompt (its baseline "
+                             f"is the group's other members); got {self.ppo.group_size}")
+        if self.algorithm != "grpo" and self.ppo.scale_rewards != "group":
+            raise ValueError(f"ppo.scale_rewards: {self.ppo.scale_rewards!r} applies to algorithm grpo only (this "
+                             f"config's is {self.algorithm}): drop it")
         if self.task.kind == "dataset":
             if self.reward.kind == "proxy":
                 raise ValueError("reward: a dataset task needs reward.kind function (ref: FILE.py:NAME) or model "
@@ -398,6 +456,16 @@ def vocab_size(task: TaskConfig | DatasetTaskConfig) -> int:
     return task.vocab_size if task.kind == "synthetic" and task.tokenizer == "bpe" else BYTE_VOCAB
 
 
+def uses_critic(cfg: TrainConfig) -> bool:
+    """PPO learns a value model; grpo and rloo take their baseline from the group and build none."""
+    return cfg.algorithm == "ppo"
+
+
+def uses_reference(cfg: TrainConfig) -> bool:
+    """A frozen reference policy is built only when a KL to it is paid (kl_coef > 0, in the reward or the loss)."""
+    return cfg.ppo.kl_coef > 0
+
+
 def scorer_models(cfg: TrainConfig) -> list[tuple[str, ModelConfig]]:
     """The models whose shape the config gives (role, shape): the policy (critic and reference share it) and the
     synthetic task's proxy reward model; a function or a checkpoint reward has none."""
@@ -425,36 +493,49 @@ def parameter_count(mc: ModelConfig, positions: int, vocab: int = BYTE_VOCAB) ->
 
 
 def train_memory_bytes(cfg: TrainConfig) -> float:
-    """Planned memory of one training process (float32), a deliberate over-estimate:
-    weights: actor 16 B/param (weights, gradients, two Adam moments) + frozen reference 4 B; critic 16 B + reward
-    model 4 B (the proxy RM trains with the critic's footprint first);
-    decode: key/value caches (kv_dim wide per layer) of the four roles for B + delta_max sequences of
-    32 + 2 * max_new_tokens positions;
+    """Planned memory of one training process: the sum of `train_memory_breakdown`."""
+    return sum(train_memory_breakdown(cfg).values())
+
+
+def train_memory_breakdown(cfg: TrainConfig) -> dict[str, float]:
+    """Planned memory of one training process (float32) by role, a deliberate over-estimate:
+    weights: actor 16 B/param (weights, gradients, two Adam moments), frozen reference 4 B (only when a KL is paid:
+    `uses_reference`), critic 16 B (ppo only: `uses_critic`), proxy reward model 20 B (it trains first);
+    decode: each policy-shaped role's and the proxy's key/value caches (kv_dim wide per layer) for B + delta_max
+    sequences of prompt + 2 * max_new_tokens positions;
     training: per-layer activations of one micro-batch (at most MICRO_BATCH_TOKENS tokens, or one whole sequence;
     about 14 hidden + 2 intermediate floats per token, plus the heads x positions x positions attention scores),
     for actor and critic, plus the actor's logits (logits, log-softmax and their gradient: 3 x vocabulary floats
     per token). Key/value caches and activations take 2 bytes a float under `dtype: bfloat16`, 4 under float32; the
     weights term stays at float32 whatever the dtype: the trainable models keep float32 weights, gradients and AdamW
-    moments (docs/training.md), and the frozen ones in bfloat16 plus autocast's copies fit in what it allows."""
+    moments (docs/training.md), and the frozen ones in bfloat16 plus autocast's copies fit in what it allows.
+    A checkpoint's size is its own and not estimated (a role loaded from one counts 0)."""
     positions = max_positions(cfg)
-    weights = 0.0
-    kv = 0.0
-    act = 0.0
     in_flight = cfg.ppo.batch_size + cfg.oppo.delta_max
     minibatch = cfg.ppo.batch_size // cfg.ppo.num_mini_batches
     micro_tokens = min(minibatch * positions, max(MICRO_BATCH_TOKENS, positions))
     vocab = vocab_size(cfg.task)
     act_bytes = 2.0 if cfg.dtype == "bfloat16" else 4.0
-    if not cfg.policy.model_name_or_path:
-        act += 3 * 4.0 * micro_tokens * vocab
-    for _, mc in scorer_models(cfg):
-        if mc.model_name_or_path:
-            continue  # a checkpoint's size is its own; not estimated here
-        weights += 20.0 * parameter_count(mc, positions, vocab)
-        kv += 2 * 2.0 * mc.num_layers * mc.kv_dim * positions * in_flight * act_bytes
+
+    def kv(mc: ModelConfig) -> float:
+        return 2 * mc.num_layers * mc.kv_dim * positions * in_flight * act_bytes
+
+    def activations(mc: ModelConfig) -> float:
         per_token = 14 * mc.hidden_size + 2 * mc.intermediate_size + mc.num_heads * positions
-        act += 2 * act_bytes * micro_tokens * mc.num_layers * per_token
-    return weights + kv + act
+        return act_bytes * micro_tokens * mc.num_layers * per_token
+
+    out: dict[str, float] = {}
+    pol = cfg.policy
+    if not pol.model_name_or_path:
+        n = parameter_count(pol, positions, vocab)
+        out["actor"] = 16.0 * n + kv(pol) + activations(pol) + 3 * 4.0 * micro_tokens * vocab
+        if uses_reference(cfg):
+            out["reference"] = 4.0 * n + kv(pol)
+        if uses_critic(cfg):
+            out["critic"] = 16.0 * (n + pol.hidden_size) + kv(pol) + activations(pol)
+    if cfg.reward.kind == "proxy" and not cfg.reward.model_name_or_path:
+        out["reward"] = 20.0 * parameter_count(cfg.reward, positions, vocab) + kv(cfg.reward)
+    return out
 
 
 def check_train_memory(cfg: TrainConfig) -> None:

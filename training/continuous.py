@@ -302,8 +302,10 @@ def score_sequences(scorers: dict[str, IncrementalScorer], seqs: list[Sequence],
                     pad_id: int) -> dict[int, dict[str, torch.Tensor | float]]:
     """Reference log-probs, critic values (per response token) and reward-model score of finished sequences, one
     left-padded pass per scorer; keyed by uid."""
+    if not scorers:  # grpo with a reward function and no KL: nothing scores on the trainer's side
+        return {s.uid: {"ref": None, "reward": float("nan"), "critic": None} for s in seqs}
     ids, attn = left_pad([s.prompt_ids + s.response_ids for s in seqs], pad_id)
-    dev = next(scorers["ref"].model.parameters()).device
+    dev = next(next(iter(scorers.values())).model.parameters()).device
     ids, attn = ids.to(dev), attn.to(dev)
     outs = {}
     for name, scorer in scorers.items():
@@ -314,7 +316,7 @@ def score_sequences(scorers: dict[str, IncrementalScorer], seqs: list[Sequence],
         n = len(s.response_ids)
         # no reward model: a reward function scores the finished samples after the rollout (training/trainer.py)
         reward = float(outs["reward"][k, -1]) if "reward" in outs else float("nan")
-        res[s.uid] = {"ref": outs["ref"][k, ids.shape[1] - n :], "reward": reward,
+        res[s.uid] = {"ref": outs["ref"][k, ids.shape[1] - n :] if "ref" in outs else None, "reward": reward,
                       "critic": outs["critic"][k, ids.shape[1] - n :] if "critic" in outs else None}
     return res
 
@@ -394,7 +396,8 @@ def continuous_rollout(
         s, ex = seqs[k], exits[k]
         old = torch.tensor(ex.carried_logprobs + ex.logprobs, dtype=torch.float32, device=dev)
         sc = scores[s.uid]
-        samples.append(Sample(seq=s, old_logprobs=old, ref_logprobs=sc["ref"].to(old.device), values=(
+        samples.append(Sample(seq=s, old_logprobs=old, ref_logprobs=(
+            sc["ref"].to(old.device) if sc["ref"] is not None else None), values=(
             sc["critic"].to(old.device) if sc["critic"] is not None else None), score=sc["reward"],
             behav_logprobs=_behav(s, old)))
     chosen_rows = set(rows)

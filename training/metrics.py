@@ -65,6 +65,11 @@ class StepRecord:
     len_fresh_mean: float = NAN
     # CPU seconds the tenant's reward function used in its own processes this step (charged to the tenant)
     reward_fn_cpu_s: float = 0.0
+    # grpo/rloo (NaN for ppo): the share of the step's groups whose scored rewards are all equal (no learning
+    # signal) and the mean within-group std of the rewards; the k3 KL to the reference when it is paid in the loss
+    group_flat_frac: float = NAN
+    group_reward_std: float = NAN
+    kl_loss: float = NAN
 
     def flat(self) -> dict[str, float]:
         """One flat dict of numbers (phase times as `phase_<name>_s`) for CSV rows and metric loggers."""

@@ -65,20 +65,29 @@ def gae(
 
 
 def policy_loss(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip: float
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip: float,
+    ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate (OPPO paper Eq. 2), as a loss to minimise; token-level masked mean."""
+    """Clipped surrogate (OPPO paper Eq. 2), as a loss to minimise; token-level masked mean (TRL's loss_type
+    "dapo"/"bnpo": every token of the batch weighs the same). With `ref_logprobs` and kl_coef > 0, kl_coef times the
+    per-token k3 KL is added inside the mean (GRPO's KL in the loss, TRL's `beta`)."""
     logratio = logprobs - old_logprobs
     ratio = logratio.exp()
     pg1 = -advantages * ratio
     pg2 = -advantages * ratio.clamp(1.0 - clip, 1.0 + clip)
-    loss = masked_mean(torch.maximum(pg1, pg2), mask)
+    per_token = torch.maximum(pg1, pg2)
+    kl = k3_kl(logprobs, ref_logprobs) if ref_logprobs is not None and kl_coef else None
+    if kl is not None:
+        per_token = per_token + kl_coef * kl
+    loss = masked_mean(per_token, mask)
     with torch.no_grad():
         stats = {
             "clip_frac": masked_mean((pg2 > pg1).float(), mask),
             # cleanrl's low-variance estimator of KL(old || new): (r - 1) - log r
             "approx_kl": masked_mean((ratio - 1) - logratio, mask),
         }
+        if kl is not None:
+            stats["kl_loss"] = masked_mean(kl, mask)
     return loss, stats
 
 
@@ -95,20 +104,59 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(-1)
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, kind: str) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, group_size: int, kind: str, scale_rewards: str = "group") -> torch.Tensor:
     """Critic-free sequence advantages over consecutive groups of `group_size` samples of one prompt.
 
-    grpo: (r - mean_group) / (std_group + 1e-4) (Shao et al. 2024); rloo: r - mean of the other k-1
-    samples (Ahmadian et al. 2024, TRL's RLOOTrainer).
+    grpo: r - mean of the group, divided by (the group's unbiased std + 1e-4) under scale_rewards "group" (Shao et
+    al. 2024; TRL's GRPOTrainer) or not under "none" (Dr. GRPO, Liu et al. 2025);
+    rloo: r - mean of the group's other members (Ahmadian et al. 2024, TRL's RLOOTrainer).
+    A NaN reward is a sample with no score (its reward function raised or returned None): it is left out of its
+    group's mean, std and baselines and gets advantage 0, as TRL does, so it pushes its tokens neither way. A group
+    with fewer than two scored members has no baseline: every advantage in it is 0.
     """
-    r = rewards.view(-1, group_size)
+    r = rewards.reshape(-1, group_size).double()
+    scored = ~torch.isnan(r)
+    n = scored.sum(1, keepdim=True)
+    r0 = torch.where(scored, r, torch.zeros_like(r))
+    total = r0.sum(1, keepdim=True)
     if kind == "grpo":
-        adv = (r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)
+        mean = total / n.clamp(min=1)
+        adv = r0 - mean
+        if scale_rewards == "group":
+            var = (torch.where(scored, r0 - mean, torch.zeros_like(r)) ** 2).sum(1, keepdim=True) / (n - 1).clamp(min=1)
+            adv = adv / (var.sqrt() + 1e-4)
+        elif scale_rewards != "none":
+            raise ValueError(f"unknown scale_rewards {scale_rewards!r} (choose from: group, none)")
     elif kind == "rloo":
-        adv = r - (r.sum(1, keepdim=True) - r) / (group_size - 1)
+        adv = r0 - (total - r0) / (n - 1).clamp(min=1)
     else:
-        raise ValueError(f"unknown advantage kind {kind!r}")
-    return adv.reshape(-1)
+        raise ValueError(f"unknown advantage kind {kind!r} (choose from: grpo, rloo)")
+    adv = torch.where(scored & (n >= 2), adv, torch.zeros_like(adv))
+    return adv.reshape(-1).to(rewards.dtype)
+
+
+def group_stats(rewards: torch.Tensor, group_size: int) -> tuple[float, float]:
+    """(share of groups whose scored rewards are all equal, mean within-group std of the scored rewards), over the
+    groups with at least two scored members: a flat group carries no learning signal (DAPO's reason for dynamic
+    sampling). NaN when no group has two scored members."""
+    r = rewards.reshape(-1, group_size).double()
+    flat, spread = [], []
+    for row in r:
+        got = row[~torch.isnan(row)]
+        if len(got) < 2:
+            continue
+        flat.append(bool((got == got[0]).all()))
+        spread.append(float(got.std()))
+    if not flat:
+        return float("nan"), float("nan")
+    return float(sum(flat) / len(flat)), float(sum(spread) / len(spread))
+
+
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(pi || pi_ref) (Schulman 2020; GRPO's loss term): exp(d) - d - 1 with
+    d = log pi_ref - log pi; never negative, differentiable in `logprobs`."""
+    d = ref_logprobs - logprobs
+    return d.exp() - d - 1
 
 
 # ---- off-policy correction for carried tokens (inter-step overlap) -------------------------------------
@@ -162,18 +210,27 @@ def effective_sample_size(weights: torch.Tensor, mask: torch.Tensor) -> float:
 def corrected_policy_loss(
     logprobs: torch.Tensor, prox_logprobs: torch.Tensor, behav_logprobs: torch.Tensor, advantages: torch.Tensor,
     mask: torch.Tensor, clip: float, cap: float, correction: str,
+    ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The clipped surrogate against pi_prox, each token weighted by `importance_weights` (see above)."""
+    """The clipped surrogate against pi_prox, each token weighted by `importance_weights` (see above); a KL in the
+    loss (as `policy_loss`) is added unweighted: it is a penalty on the policy being optimised, not an estimate
+    under the sampling policy."""
     logratio = logprobs - prox_logprobs
     ratio = logratio.exp()
     pg1 = -advantages * ratio
     pg2 = -advantages * ratio.clamp(1.0 - clip, 1.0 + clip)
     weights = importance_weights(prox_logprobs, behav_logprobs, mask, cap, correction)
+    per_token = weights * torch.maximum(pg1, pg2)
+    kl = k3_kl(logprobs, ref_logprobs) if ref_logprobs is not None and kl_coef else None
+    if kl is not None:
+        per_token = per_token + kl_coef * kl
     # token-level mean over the trained tokens, not over sum(w): weights of 1 give back `policy_loss`
-    loss = masked_mean(weights * torch.maximum(pg1, pg2), mask)
+    loss = masked_mean(per_token, mask)
     with torch.no_grad():
         stats = {
             "clip_frac": masked_mean((pg2 > pg1).float(), mask),
             "approx_kl": masked_mean((ratio - 1) - logratio, mask),
         }
+        if kl is not None:
+            stats["kl_loss"] = masked_mean(kl, mask)
     return loss, stats

@@ -53,7 +53,8 @@ class Sample:
     #: log pi(token) under the engine's weights at the start of this step: a carried token is re-prefilled,
     #: so this is the proximal policy's log-prob, not the one it was sampled with (`behav_logprobs`)
     old_logprobs: torch.Tensor
-    ref_logprobs: torch.Tensor
+    #: log pi_ref(token); None when the job builds no reference model (no KL paid)
+    ref_logprobs: torch.Tensor | None
     values: torch.Tensor | None
     score: float
     #: log pi_behav(token) as sampled (equal to `old_logprobs` for tokens generated in this step)
@@ -228,7 +229,7 @@ def rollout(
         samples.append(Sample(
             seq=seqs[i],
             old_logprobs=sel_lp[k, cols],
-            ref_logprobs=outs["ref"][k, cols],
+            ref_logprobs=outs["ref"][k, cols] if "ref" in outs else None,  # no reference model: no KL
             values=outs["critic"][k, cols] if "critic" in outs else None,
             # no reward model: a reward function scores the finished samples after the rollout (training/trainer.py)
             score=float(outs["reward"][k, last]) if "reward" in outs else float("nan"),

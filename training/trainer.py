@@ -48,7 +48,7 @@ import torch
 
 from common.errors import BadInput
 from training.checkpoint import CheckpointIO, MetricsCSV, latest_checkpoint
-from training.config import TrainConfig
+from training.config import TrainConfig, uses_critic, uses_reference
 from training.continuous import ContinuousEngine, continuous_rollout
 from training.device import autocast, check_gpu_memory, out_of_memory, resolve_device, torch_dtype
 from training.engine import IncrementalScorer, TransformersEngine
@@ -103,9 +103,11 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         self.device = resolve_device(cfg.device, slot)
         check_gpu_memory(cfg, self.device)
         torch.set_num_threads(cfg.oppo.torch_threads)
-        self.grouped = cfg.ppo.advantage != "gae"
-        self.group_size = cfg.ppo.group_size if self.grouped else 1
-        self.units_per_step = cfg.ppo.batch_size // self.group_size
+        #: grpo and rloo train whole groups of `group_size` completions of one prompt (a group is the unit a step
+        #: trains and inter-step overlap carries); ppo's unit is one completion, `group_size` of them per prompt
+        self.grouped = cfg.algorithm != "ppo"
+        self.group_size = cfg.ppo.group_size
+        self.units_per_step = cfg.ppo.batch_size // self.group_size if self.grouped else cfg.ppo.batch_size
 
         self._say("building tokenizer, base policy and reward model (cached after the first run)")
         self.tok: Tokenizer = tokenizer_for(cfg)
@@ -121,13 +123,14 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         base = base_policy(cfg, self.tok, self.device, self.inputs)
         # trainable models keep float32 weights (and AdamW state); the frozen ones are stored at the job's dtype
         frozen_dtype = torch_dtype(cfg.dtype)
-        self.ref = frozen_copy(base).to(frozen_dtype)
+        # no KL paid (grpo's default beta 0): no reference model is built, stored or run
+        self.ref = frozen_copy(base).to(frozen_dtype) if uses_reference(cfg) else None
         self.actor = base
         self.actor.train(False)
         self.reward_model = (None if self.reward_fn is not None else
                              frozen_copy(proxy_reward_model(cfg, self.tok, self.device)).to(frozen_dtype))
         self.critic = None
-        if not self.grouped:
+        if uses_critic(cfg):  # ppo's value model; grpo and rloo take their baseline from the group
             self.critic = build_scorer(cfg.policy, self.tok, _max_positions(cfg)).to(self.device)
             body = {k: v for k, v in base.state_dict().items() if not k.startswith("lm_head")}
             self.critic.load_state_dict(body, strict=False)
@@ -146,7 +149,9 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
                                            refill_min=cfg.oppo.refill_min)
         else:
             self.engine = TransformersEngine(self.tok.eos_id, self.tok.pad_id, cfg.ppo.temperature)
-        self.scorers = {"ref": IncrementalScorer(self.ref, "logprob", cfg.ppo.temperature)}
+        self.scorers = {}
+        if self.ref is not None:
+            self.scorers["ref"] = IncrementalScorer(self.ref, "logprob", cfg.ppo.temperature)
         if self.reward_model is not None:
             self.scorers["reward"] = IncrementalScorer(self.reward_model, "reward")
         if self.critic is not None:
@@ -211,13 +216,15 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
 
     # ---- one step -------------------------------------------------------------------------------
     def _fill_buffer(self, units: int) -> None:
-        have = len({s.group for s in self.buffer})
+        """Draw prompts until `units` units are in flight (groups for grpo/rloo, completions for ppo)."""
+        have = len({s.group for s in self.buffer}) if self.grouped else len(self.buffer)
         while have < units:
-            self.buffer += self._new_unit()
-            have += 1
+            new = self._new_unit()
+            self.buffer += new
+            have += 1 if self.grouped else len(new)
 
     def _new_unit(self) -> list[Sequence]:
-        """One freshly drawn prompt: `group_size` sequences of it (one for PPO)."""
+        """One freshly drawn prompt: `group_size` sequences of it."""
         row = int(self.prompt_rng.integers(self.inputs.n_train))
         prompt = self.inputs.prompt("train", row)
         ids = self.tok.encode(self.inputs.render(prompt))
@@ -268,11 +275,12 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         raised_too_often(self.reward_fn, got.failures, len(samples), self.step + 1, self.cfg.reward.max_error_frac)
         for s, score in zip(samples, got.scores, strict=True):
             s.score = NAN if score is None else float(score)
-        unscored = {s.seq.group if self.grouped else s.seq.uid for s in samples if not np.isfinite(s.score)}
-        # a group trains whole or not at all (its advantages are relative to its members)
-        kept = [s for s in samples if (s.seq.group if self.grouped else s.seq.uid) not in unscored]
-        self._no_score_frac = 1.0 - len(kept) / max(1, len(samples))
-        if not kept:
+        scored = [s for s in samples if np.isfinite(s.score)]
+        self._no_score_frac = 1.0 - len(scored) / max(1, len(samples))
+        # ppo: a sample with no score is left out; a group keeps it (its advantage is 0 and the others' baseline
+        # leaves it out: training/ppo.py group_advantages, as TRL does), so every trained group is whole
+        kept = samples if self.grouped else scored
+        if not scored:
             from eval.attribution import TenantCodeError
 
             raise TenantCodeError(f"your reward function {self.reward_fn.text} scored none of the {len(samples)} "
@@ -321,7 +329,7 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
                 if continuous:
                     out = continuous_rollout(
                         self.engine, self.scorers, self.buffer, self._new_unit,
-                        slots=(self.units_per_step + delta) * self.group_size, pad_id=self.tok.pad_id,
+                        slots=(self.units_per_step + delta) * (self.group_size if self.grouped else 1), pad_id=self.tok.pad_id,
                         units_needed=self.units_per_step, max_new_tokens=cfg.ppo.max_new_tokens,
                         generator=self.sample_gen, grouped=self.grouped, group_size=self.group_size,
                         score_at_once=self.stream, scorer_threads=1,
@@ -364,8 +372,10 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         self.step += 1
 
         scores = np.array([st for st in stats.pop("scores")])
-        record = StepRecord(step=self.step, policy_version=self.step, reward_mean=float(np.mean(scores)),
-                            reward_std=float(np.std(scores)), **stats)
+        got = scores[np.isfinite(scores)]  # a group member with no score is trained with advantage 0, not averaged
+        record = StepRecord(step=self.step, policy_version=self.step,
+                            reward_mean=float(np.mean(got)) if len(got) else NAN,
+                            reward_std=float(np.std(got)) if len(got) else NAN, **stats)
         texts = [self.tok.decode(s.seq.response_ids) for s in samples]
         record.response_len_mean = float(np.mean([len(s.seq.response_ids) for s in samples]))
         record.truncation_rate = float(np.mean([s.seq.truncated for s in samples]))

@@ -54,16 +54,24 @@ class PPOUpdate:
         for i, s in enumerate(samples):
             L = len(s.seq.response_ids)
             mask[i, :L] = 1
-            old_lp[i, :L], ref_lp[i, :L] = s.old_logprobs, s.ref_logprobs
+            old_lp[i, :L] = s.old_logprobs
+            # no reference model (kl_coef 0): the KL term is 0 whichever way it is paid
+            ref_lp[i, :L] = s.ref_logprobs if s.ref_logprobs is not None else s.old_logprobs
             behav_lp[i, :L] = s.behav_logprobs if s.behav_logprobs is not None else s.old_logprobs
             if s.values is not None:
                 values[i, :L] = s.values
             versions[i, :L] = torch.tensor(s.seq.versions)
         scores = torch.tensor([self._score(s) for s in samples], dtype=torch.float32)
-        rewards, kl = P.kl_penalised_rewards(scores, old_lp, ref_lp, mask, cfg.kl_coef)
+        # the KL either joins the reward (k1 per token: ppo, rloo) or the loss (k3: grpo's beta); kl_in_loss is the
+        # coefficient the loss adds it with
+        kl_in_loss = cfg.kl_coef if cfg.kl_in == "loss" else 0.0
+        rewards, kl = P.kl_penalised_rewards(scores, old_lp, ref_lp, mask, cfg.kl_coef - kl_in_loss)
+        group_flat = group_spread = NAN
         if self.grouped:
-            seq_reward = rewards.sum(1)
-            adv = P.group_advantages(seq_reward, self.group_size, cfg.advantage)[:, None] * mask
+            seq_reward = rewards.sum(1)  # NaN for a member with no score: advantage 0 (group_advantages)
+            adv = P.group_advantages(seq_reward, self.group_size, self.cfg.algorithm, cfg.scale_rewards)[:, None] * mask
+            group_flat, group_spread = P.group_stats(scores, self.group_size)
+            rewards = torch.nan_to_num(rewards)
             returns = torch.zeros_like(adv)
         else:
             adv, returns = P.gae(rewards, values, mask, cfg.gamma, cfg.lam)
@@ -87,11 +95,11 @@ class PPOUpdate:
 
         # the per-token tensors the loss reads, on the models' device (the statistics below read the CPU ones)
         dev = self.device
-        old_lp_d, prox_lp_d, behav_lp_d, adv_d, train_mask_d = (
-            t.to(dev) for t in (old_lp, prox_lp, behav_lp, adv, train_mask))
+        old_lp_d, prox_lp_d, behav_lp_d, adv_d, train_mask_d, ref_lp_d = (
+            t.to(dev) for t in (old_lp, prox_lp, behav_lp, adv, train_mask, ref_lp))
         values_d, returns_d = values.to(dev), returns.to(dev)
         acc: dict[str, list[float]] = {k: [] for k in ("loss_policy", "loss_value", "clip_frac", "approx_kl",
-                                                        "entropy", "grad_norm")}
+                                                        "entropy", "grad_norm", "kl_loss")}
         self.actor.train(True)
         mb_size = n // cfg.num_mini_batches
         for _ in range(cfg.num_ppo_epochs):
@@ -102,7 +110,8 @@ class PPOUpdate:
                 self.actor_opt.zero_grad(set_to_none=True)
                 if self.critic_opt:
                     self.critic_opt.zero_grad(set_to_none=True)
-                sums = {"loss_policy": 0.0, "loss_value": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "entropy": 0.0}
+                sums = {"loss_policy": 0.0, "loss_value": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "entropy": 0.0,
+                        "kl_loss": 0.0}
                 for micro in _micro_batches(idx, samples):
                     ids, attn, p_w, t_w = self._pack(micro, samples)
                     tmask = train_mask_d[micro, :t_w]
@@ -112,13 +121,14 @@ class PPOUpdate:
                         logits = self.actor(input_ids=ids, attention_mask=attn, position_ids=pos).logits
                     logits = logits[:, p_w - 1 : p_w - 1 + t_w].float() / cfg.temperature
                     lp = torch.log_softmax(logits, -1).gather(-1, ids[:, p_w:, None]).squeeze(-1)
+                    ref_mb = ref_lp_d[micro, :t_w] if kl_in_loss else None
                     if correction == "none":
                         pg_loss, st = P.policy_loss(lp, old_lp_d[micro, :t_w], adv_d[micro, :t_w], tmask,
-                                                    cfg.cliprange)
+                                                    cfg.cliprange, ref_mb, kl_in_loss)
                     else:
                         pg_loss, st = P.corrected_policy_loss(lp, prox_lp_d[micro, :t_w], behav_lp_d[micro, :t_w],
                                                               adv_d[micro, :t_w], tmask, cfg.cliprange, is_cap,
-                                                              correction)
+                                                              correction, ref_mb, kl_in_loss)
                     ent = P.masked_mean(P.entropy_from_logits(logits.detach()), tmask)
                     loss = pg_loss
                     if cfg.ent_coef:
@@ -128,6 +138,7 @@ class PPOUpdate:
                     sums["clip_frac"] += float(st["clip_frac"]) * w
                     sums["approx_kl"] += float(st["approx_kl"]) * w
                     sums["entropy"] += float(ent) * w
+                    sums["kl_loss"] += float(st.get("kl_loss", 0.0)) * w
                     if self.critic is not None:
                         with self.autocast():
                             hidden = self.critic.base_model(input_ids=ids, attention_mask=attn,
@@ -149,6 +160,9 @@ class PPOUpdate:
         out = {k: float(np.mean(v)) if v else NAN for k, v in acc.items()}
         if self.critic is None:
             out["loss_value"] = NAN
+        if not kl_in_loss:
+            out["kl_loss"] = NAN
+        out["group_flat_frac"], out["group_reward_std"] = group_flat, group_spread
         out["kl"] = float(kl.sum(1).mean())
         out["adv_mean"] = float(P.masked_mean(adv_raw, mask))
         out["adv_std"] = float(P.masked_var(adv_raw, mask).sqrt())

@@ -154,10 +154,11 @@ def test_engine_runs_on_the_model_device_and_leaves_generator_state_reproducible
 # 3. the trainer's inter-step overlap on the continuous engine
 
 
-@pytest.mark.parametrize(("overlap", "advantage"), [("inter", "gae"), ("full", "gae"), ("full", "grpo")])
-def test_inter_step_overlap_on_the_continuous_engine_trains_b_per_step(cache, overlap, advantage):
-    cfg = tiny_config(cache, seed=4, n_heldout_prompts=8, engine="continuous", eval_every=100,
-                      ppo={"max_new_tokens": 20, "advantage": advantage, "group_size": 2},
+@pytest.mark.parametrize(("overlap", "algorithm"), [("inter", "ppo"), ("full", "ppo"), ("full", "grpo")])
+def test_inter_step_overlap_on_the_continuous_engine_trains_b_per_step(cache, overlap, algorithm):
+    # grpo with a KL in the loss, so the reference model is built and its log-probs checked
+    cfg = tiny_config(cache, seed=4, n_heldout_prompts=8, engine="continuous", eval_every=100, algorithm=algorithm,
+                      ppo={"max_new_tokens": 20, "kl_coef": 0.05, "group_size": 2 if algorithm == "grpo" else 1},
                       oppo={"delta_init": 3, "adaptive_delta": False})
     tr = Trainer(cfg, overlap)
     assert isinstance(tr.engine, ContinuousEngine)
@@ -181,7 +182,7 @@ def test_inter_step_overlap_on_the_continuous_engine_trains_b_per_step(cache, ov
     carried = 0
     for step, samples in seen.items():
         assert len({s.seq.uid for s in samples}) == cfg.ppo.batch_size
-        if advantage != "gae":  # whole groups train, members adjacent
+        if algorithm != "ppo":  # whole groups train, members adjacent
             groups = [s.seq.group for s in samples]
             assert all(groups.count(g) == 2 for g in groups) and groups == sorted(groups)
         for s in samples:

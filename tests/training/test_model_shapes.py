@@ -39,7 +39,9 @@ def test_kv_heads_must_divide_the_heads_and_gpt2_has_none():
 
 def test_grouped_kv_heads_shrink_the_kv_cache_estimate():
     """The memory estimate's key/value cache scales with kv_heads: a 14-head model with 2 k/v heads holds a 7th of
-    the cache of one with 14 (the rest of the estimate unchanged, so the difference is exactly 6/7 of the cache)."""
+    the cache of one with 14 (the rest of the estimate unchanged, so the difference is exactly 6/7 of the cache, plus
+    the k/v weights of the policy-shaped actor (16 B/param), reference (4 B) and critic (16 B) and the reward model
+    (20 B))."""
     from training.config import TrainConfig, train_memory_bytes
 
     def cfg(kv):
@@ -49,10 +51,11 @@ def test_grouped_kv_heads_shrink_the_kv_cache_estimate():
     full, grouped = cfg(14), cfg(2)
     c = full.ppo
     positions = 32 + 2 * c.max_new_tokens
-    cache_full = 2 * (2 * 2.0 * 2 * 56 * positions * (c.batch_size + full.oppo.delta_max) * 4)  # policy + reward
-    params_diff = 2 * 2 * (2 * 56 * (56 - 8) + 2 * (56 - 8))  # k/v weights and biases, 2 layers, 2 models
+    # k and v caches of four roles: actor, reference, critic, reward model
+    cache_full = 4 * (2 * 2 * 56 * positions * (c.batch_size + full.oppo.delta_max) * 4)
+    params_diff = 2 * (2 * 56 * (56 - 8) + 2 * (56 - 8))  # k/v weights and biases, 2 layers, one model
     assert train_memory_bytes(full) - train_memory_bytes(grouped) == pytest.approx(
-        cache_full * 6 / 7 + 20.0 * params_diff)
+        cache_full * 6 / 7 + (16.0 + 4.0 + 16.0 + 20.0) * params_diff)
 
 
 def test_the_real_shape_config_is_qwen2_0_5b():

@@ -45,9 +45,9 @@ class Spy:
         self.value_calls: list[tuple[torch.Tensor, ...]] = []
         real_policy, real_value = P.policy_loss, P.value_loss
 
-        def policy_loss(logprobs, old_logprobs, advantages, mask, clip):
+        def policy_loss(logprobs, old_logprobs, advantages, mask, clip, *rest):
             self.policy_calls.append((logprobs.detach().clone(), old_logprobs.clone(), mask.clone()))
-            return real_policy(logprobs, old_logprobs, advantages, mask, clip)
+            return real_policy(logprobs, old_logprobs, advantages, mask, clip, *rest)
 
         def value_loss(values, old_values, returns, mask, clip):
             self.value_calls.append((values.detach().clone(), old_values.clone(), mask.clone()))

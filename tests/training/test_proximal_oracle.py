@@ -94,10 +94,10 @@ def test_mismatched_engine_weights_are_capped_ratios_of_the_oracle(cache, correc
     calls = []
     real_loss = P.corrected_policy_loss
 
-    def spy_loss(logprobs, prox, behav, adv, mask, clip, cap_, corr):
+    def spy_loss(logprobs, prox, behav, adv, mask, clip, cap_, corr, *rest):
         calls.append((prox.detach().clone(), behav.clone(), mask.clone(), cap_, corr,
                       P.importance_weights(prox, behav, mask, cap_, corr)))
-        return real_loss(logprobs, prox, behav, adv, mask, clip, cap_, corr)
+        return real_loss(logprobs, prox, behav, adv, mask, clip, cap_, corr, *rest)
 
     monkeypatch.setattr(P, "corrected_policy_loss", spy_loss)
     rec = next(tr.run(2))

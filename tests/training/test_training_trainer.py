@@ -117,7 +117,7 @@ def test_faults_change_what_they_should(cache):
 
 
 def test_grpo_mode_runs_without_critic(cache):
-    recs = list(train(tiny(cache, ppo={"advantage": "grpo", "group_size": 2}), overlap="full", steps=2))
+    recs = list(train(tiny(cache, algorithm="grpo", ppo={"group_size": 2}), overlap="full", steps=2))
     assert all(r.samples_trained == 4 and math.isnan(r.loss_value) for r in recs)
 
 

@@ -10,7 +10,7 @@ from training.config import TrainConfig
 
 def tiny_config(cache_dir, *, seed: int, n_heldout_prompts: int, **over: Any) -> TrainConfig:
     """The tiny config with `seed` and `task.n_heldout_prompts` (the held-out pool the gate and its extensions draw
-    from); `over` replaces top-level fields, a mapping merged into the section it names (`ppo={"advantage": ...}`
+    from); `over` replaces top-level fields, a mapping merged into the section it names (`ppo={"group_size": ...}`
     keeps the section's other fields)."""
     raw: dict[str, Any] = {
         "seed": seed, "steps": 4, "cache_dir": str(cache_dir),
