@@ -329,7 +329,8 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
                 if continuous:
                     out = continuous_rollout(
                         self.engine, self.scorers, self.buffer, self._new_unit,
-                        slots=(self.units_per_step + delta) * (self.group_size if self.grouped else 1), pad_id=self.tok.pad_id,
+                        slots=(self.units_per_step + delta) * (self.group_size if self.grouped else 1),
+                        pad_id=self.tok.pad_id,
                         units_needed=self.units_per_step, max_new_tokens=cfg.ppo.max_new_tokens,
                         generator=self.sample_gen, grouped=self.grouped, group_size=self.group_size,
                         score_at_once=self.stream, scorer_threads=1,
