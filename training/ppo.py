@@ -76,7 +76,7 @@ def policy_loss(
     pg1 = -advantages * ratio
     pg2 = -advantages * ratio.clamp(1.0 - clip, 1.0 + clip)
     per_token = torch.maximum(pg1, pg2)
-    kl = k3_kl(logprobs, ref_logprobs) if ref_logprobs is not None and kl_coef else None
+    kl = k3_kl(logprobs, ref_logprobs, mask) if ref_logprobs is not None and kl_coef else None
     if kl is not None:
         per_token = per_token + kl_coef * kl
     loss = masked_mean(per_token, mask)
@@ -152,10 +152,14 @@ def group_stats(rewards: torch.Tensor, group_size: int) -> tuple[float, float]:
     return float(sum(flat) / len(flat)), float(sum(spread) / len(spread))
 
 
-def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token k3 estimator of KL(pi || pi_ref) (Schulman 2020; GRPO's loss term): exp(d) - d - 1 with
-    d = log pi_ref - log pi; never negative, differentiable in `logprobs`."""
+    d = log pi_ref - log pi; never negative, differentiable in `logprobs`. With `mask`, d is 0 on padding *before* the
+    exponential: a padding column's log-prob can sit below -88 (exp overflows float32), and masking after would
+    give inf * 0 = NaN in the loss and its gradient."""
     d = ref_logprobs - logprobs
+    if mask is not None:
+        d = torch.where(mask.bool(), d, torch.zeros_like(d))
     return d.exp() - d - 1
 
 
@@ -221,7 +225,7 @@ def corrected_policy_loss(
     pg2 = -advantages * ratio.clamp(1.0 - clip, 1.0 + clip)
     weights = importance_weights(prox_logprobs, behav_logprobs, mask, cap, correction)
     per_token = weights * torch.maximum(pg1, pg2)
-    kl = k3_kl(logprobs, ref_logprobs) if ref_logprobs is not None and kl_coef else None
+    kl = k3_kl(logprobs, ref_logprobs, mask) if ref_logprobs is not None and kl_coef else None
     if kl is not None:
         per_token = per_token + kl_coef * kl
     # token-level mean over the trained tokens, not over sum(w): weights of 1 give back `policy_loss`
