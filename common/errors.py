@@ -53,6 +53,9 @@ def describe_validation_error(err: ValidationError, source: str = "config") -> s
         msg = f"{given!r} is not a finite number (give a finite value)"
     more = len(err.errors()) - 1
     suffix = f" (+{more} more)" if more else ""
+    if kind == "value_error" and not first["loc"]:
+        # a rule across fields: its own message names the fields (`ppo.group_size: grpo needs ...`)
+        return f"{source}: {msg.removeprefix('Value error, ')}{suffix}"
     return f"{source}: field '{loc}': {msg}{suffix}"
 
 

@@ -63,9 +63,9 @@ BAD = [
      ["ppo.scale_rewards", "'none'", "grpo only", "ppo"]),
     ("scale-rewards-with-rloo", {"algorithm": "rloo", "ppo.scale_rewards": "none"},
      ["ppo.scale_rewards", "grpo only", "rloo"]),
-    # an explicit group size the batch does not divide: PPOConfig's own check (field 'ppo')
+    # an explicit group size the batch does not divide
     ("batch-not-whole-groups", {"algorithm": "grpo", "ppo.group_size": 3},
-     ["'ppo'", "batch_size (16)", "multiple of group_size (3)"]),
+     ["ppo.batch_size (16)", "multiple of ppo.group_size (3)"]),
     # the algorithm's default group size (grpo: 8) the batch does not divide: TrainConfig's check
     ("batch-not-whole-default-groups", {"algorithm": "grpo", "ppo.batch_size": 12},
      ["ppo.batch_size (12)", "multiple of ppo.group_size (8)"]),
