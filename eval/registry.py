@@ -21,6 +21,7 @@ from types import MappingProxyType
 
 from eval.detector_base import Detector
 from eval.health.base import HealthAlert
+from eval.health.group_alerts import FlatGroups, GroupSpreadCollapse
 from eval.health.offpolicy_alerts import CarriedLengthDrift, LowESS
 from eval.health.policy_alerts import EntropyCollapse, KLBlowup, RewardBand, RewardHacking
 from eval.health.run_alerts import DeadRun, GradNormSpike, RolloutDrift, SyncStall
@@ -46,11 +47,12 @@ EARLY_STOP_DETECTORS: Mapping[str, type[Detector]] = _by_name(
 )
 
 #: the run-health alerts, in the runbook's order (1-7 algorithmic, 8 run mechanics), then the off-policy pair of
-#: inter-step overlap (9 low importance-weight ESS, 10 carried-vs-fresh length drift); configs/alerts.yaml
-#: configures them by these names
+#: inter-step overlap (9 low importance-weight ESS, 10 carried-vs-fresh length drift), then the pair of the critic-free
+#: group methods (11 flat reward groups, 12 group reward-spread collapse); configs/alerts.yaml configures them by these
+#: names
 ALERTS: Mapping[str, type[HealthAlert]] = _by_name(
     RewardBand, KLBlowup, EntropyCollapse, RewardHacking, DeadRun, GradNormSpike, RolloutDrift, SyncStall,
-    LowESS, CarriedLengthDrift,
+    LowESS, CarriedLengthDrift, FlatGroups, GroupSpreadCollapse,
     taken=EARLY_STOP_DETECTORS,
 )
 

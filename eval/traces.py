@@ -16,8 +16,9 @@ What each numeric column accepts (`COLUMN_RULES`), and why:
   the values: beyond 1e154 they overflow, and a score of 1e12 is an export bug, not a measurement). An empty
   cell is a step without an eval (run-health traces have a row per step and an eval every few steps).
 - optional signals (`reward`, `loss`, `kl`; `eval_se`, `entropy`, `grad_norm`, `response_len`, `gpu_seconds`,
-  `staleness`, `reward_std` >= 0; `progress`, `truncation_rate`, `unparseable_rate` in [0, 1]): an empty cell
-  means "not recorded at this step" and the detectors and alerts skip it, as they skip steps between evals.
+  `staleness`, `reward_std`, `group_reward_std` >= 0; `progress`, `truncation_rate`, `unparseable_rate`,
+  `group_flat_frac` in [0, 1]): an empty cell means "not recorded at this step" and the detectors and alerts
+  skip it, as they skip steps between evals.
   A spelled-out `nan` is rejected rather than read as missing: a NaN reward or KL is what a broken reward
   service or a diverged run produces, and reading it as "not recorded" would silence the alert that should
   fire. `inf`/`-inf` and magnitudes above 1e12 are rejected for the same reason (an `inf` reward raised no alert
@@ -41,7 +42,8 @@ REQUIRED = ("run_id", "step", "eval_score")
 NUMERIC_OPTIONAL = ("reward", "loss", "kl", "entropy", "grad_norm", "response_len", "progress", "eval_se",
                     "gold_score", "peak_step")
 #: per-step columns only the run-health catalog reads (the trainer's StepRecord carries them)
-HEALTH_COLUMNS = ("truncation_rate", "unparseable_rate", "gpu_seconds", "staleness", "reward_std")
+HEALTH_COLUMNS = ("truncation_rate", "unparseable_rate", "gpu_seconds", "staleness", "reward_std", "group_flat_frac",
+                  "group_reward_std")
 #: largest magnitude any numeric column may hold (see the module docstring)
 MAX_ABS = 1e12
 #: column -> (low, high, what the bound means); see the module docstring
@@ -58,6 +60,8 @@ COLUMN_RULES: dict[str, tuple[float, float, str]] = {
     "gpu_seconds": (0.0, MAX_ABS, "GPU time, >= 0"),
     "staleness": (0.0, MAX_ABS, "policy versions behind, >= 0"),
     "reward_std": (0.0, MAX_ABS, "a standard deviation, >= 0"),
+    "group_flat_frac": (0.0, 1.0, "a share of the step's groups"),
+    "group_reward_std": (0.0, MAX_ABS, "a standard deviation, >= 0"),
     "progress": (0.0, 1.0, "a fraction of the run"),
     "gold_score": (-MAX_ABS, MAX_ABS, "a hindsight quality score"),
     "peak_step": (0.0, 2.0**53, "the step of the gold peak"),

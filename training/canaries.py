@@ -41,6 +41,10 @@ CANARIES = (
     # length against fresh ones
     Canary("duplicated_carry", {"kind": "duplicated_carry"}, "carried_length_drift", {"ppo.max_new_tokens": 128},
            overlap="full"),
+    # the critic-free group methods (`algorithm: grpo`, its default 8 completions per prompt: 4 groups a step): a
+    # constant reward makes every group flat (no learning signal at all); the control is the same healthy job
+    Canary("grpo_control", None, None, {"algorithm": "grpo"}),
+    Canary("grpo_constant_reward", {"kind": "constant_reward"}, "flat_groups", {"algorithm": "grpo"}),
 )
 
 
@@ -84,6 +88,10 @@ def run_canary(canary: Canary, steps: int, fault_at: int, cache_dir: str, catalo
     from training.lifecycle import JobHooks, make_supervisor, run_job
 
     spec = canary_spec(canary, steps, fault_at, cache_dir)
+    # the catalog given (thresholds file and profile) built for this canary's algorithm: its thresholds, and only
+    # the alerts that apply to it (a grpo canary gets the group alerts, no critic alert)
+    if hasattr(catalog, "for_algorithm"):
+        catalog = catalog.for_algorithm(spec.config.algorithm)
     sup = make_supervisor(spec, ledger=ledger, metrics=metrics, catalog=catalog)
     fired_at = math.nan
 

@@ -1,6 +1,7 @@
 """The run-health alert catalog: the runbook's seven per-run detectors over windows of training steps,
-plus one run-mechanics alert (weight-sync stall) that the frozen-sync canary needs, and two on the off-policy
-side of inter-step overlap (low importance-weight ESS, carried-vs-fresh length drift).
+plus one run-mechanics alert (weight-sync stall) that the frozen-sync canary needs, two on the off-policy
+side of inter-step overlap (low importance-weight ESS, carried-vs-fresh length drift), and two on the critic-free
+group methods (flat reward groups, group reward-spread collapse; grpo and rloo runs only).
 
 Each alert is a `Detector` (eval/detector_base.py): a streaming monitor for live runs
 (`start()` / `Monitor.observe`) and a vectorised numpy `scan()` over a fleet of recorded runs that
@@ -25,8 +26,11 @@ The package, one module per concern:
 - `policy_alerts`: alerts 1-4 (reward band, KL blowup, entropy collapse, reward hacking);
 - `run_alerts`: alerts 5-8 (dead run, gradient-norm spike, rollout drift, weight-sync stall);
 - `offpolicy_alerts`: alerts 9-10 of inter-step overlap (low importance-weight ESS, carried-vs-fresh length drift);
-- `config`: the thresholds file's schema and loader (`load_alerts_config`);
-- `catalog`: `Catalog`, `CatalogMonitor`, `AlertEvent`, `replay_alert`;
+- `group_alerts`: alerts 11-12 of the group methods (flat reward groups, group reward-spread collapse);
+- `config`: the thresholds file's schema and loader (`load_alerts_config`), and which alerts apply to which
+  algorithm (`ALGORITHM_HAS`: no critic alert on a critic-free run, no group alert on ppo);
+- `catalog`: `Catalog` (its `not_evaluated`: the alerts left out for the run's algorithm, with why),
+  `CatalogMonitor`, `AlertEvent`, `replay_alert`;
 - `fleet`: the synthetic fleet and the false-positive measurement.
 The alerts are listed by name in `eval/registry.py` (`ALERTS`), with the early-stop detectors.
 
@@ -48,9 +52,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "eval.health.policy_alerts": ("RewardBand", "KLBlowup", "EntropyCollapse", "RewardHacking"),
     "eval.health.run_alerts": ("DeadRun", "GradNormSpike", "DRIFT_SIGNALS", "RolloutDrift", "SyncStall"),
     "eval.health.offpolicy_alerts": ("LowESS", "CarriedLengthDrift"),
+    "eval.health.group_alerts": ("FlatGroups", "GroupSpreadCollapse"),
     "eval.health.config": (
         "Severity", "DEFAULT_ALERTS_FILE", "ParamValue", "Demote", "FalsePositiveRecord", "AlertConfig",
-        "AlertsConfig", "load_alerts_config",
+        "AlertsConfig", "load_alerts_config", "ALGORITHM_HAS", "NOT_EVALUATED", "not_evaluated_reason",
     ),
     "eval.health.catalog": ("AlertEvent", "Catalog", "CatalogMonitor", "replay_alert"),
     "eval.health.fleet": ("FAULTS", "synthetic_fleet", "measure_false_positive_rates"),

@@ -37,6 +37,10 @@ class HealthCheckpoint(Checkpoint):
     #: finished in this step (StepRecord.len_carried_mean / len_fresh_mean; NaN when a group is empty)
     len_carried: float = NAN
     len_fresh: float = NAN
+    #: grpo/rloo (NaN for ppo): the share of the step's groups of completions whose rewards are all equal (no
+    #: learning signal), and the mean within-group reward std (StepRecord.group_flat_frac / group_reward_std)
+    group_flat_frac: float = NAN
+    group_reward_std: float = NAN
 
     @classmethod
     def from_step_record(cls, rec: Any, progress: float = NAN) -> HealthCheckpoint:
@@ -61,6 +65,8 @@ class HealthCheckpoint(Checkpoint):
             is_ess=float(getattr(rec, "is_ess", NAN)),
             len_carried=float(getattr(rec, "len_carried_mean", NAN)),
             len_fresh=float(getattr(rec, "len_fresh_mean", NAN)),
+            group_flat_frac=float(getattr(rec, "group_flat_frac", NAN)),
+            group_reward_std=float(getattr(rec, "group_reward_std", NAN)),
         )
 
 
@@ -92,6 +98,10 @@ class HealthAlert(Detector):
     #: runbook layer: "algorithmic" (the run's learning) or "mechanics" (the platform running it); a
     #: mechanics page is attributed to the platform, an algorithmic one to non-convergence
     layer: ClassVar[str] = "algorithmic"
+    #: what the run must have for the alert to apply: "critic" (a learned value function: ppo) or "groups" (several
+    #: completions per prompt: grpo, rloo); None: every run. A catalog built for an algorithm that lacks it leaves
+    #: the alert out and says why (`Catalog.not_evaluated`; eval/health/config.py ALGORITHM_HAS)
+    requires: ClassVar[str | None] = None
     #: parameters measured in steps (converted to rows by `at_spacing`) and per-step rates
     window_params: ClassVar[tuple[str, ...]] = ("window",)
     rate_params: ClassVar[tuple[str, ...]] = ()

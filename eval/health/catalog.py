@@ -13,7 +13,14 @@ import numpy as np
 from common.errors import BadInput
 from eval.detector_base import NAN, Checkpoint
 from eval.health.base import SIGNALS, HealthAlert, HealthCheckpoint, _AlertMonitor
-from eval.health.config import DEFAULT_ALERTS_FILE, AlertsConfig, Severity, _build_alert, load_alerts_config
+from eval.health.config import (
+    DEFAULT_ALERTS_FILE,
+    AlertsConfig,
+    Severity,
+    _build_alert,
+    load_alerts_config,
+    not_evaluated_reason,
+)
 from eval.health.kernels import CHUNK_RUNS, _as_arrays, _lengths
 from eval.registry import ALERTS
 
@@ -35,14 +42,21 @@ class AlertEvent:
 
 
 class Catalog:
-    """The configured set of alerts for one algorithm, with routing (paging or advisory per tenant)."""
+    """The configured set of alerts for one algorithm, with routing (paging or advisory per tenant). An alert that
+    does not apply to the algorithm (a critic alert on grpo/rloo, a group alert on ppo: eval/health/config.py
+    ALGORITHM_HAS) is left out of `alerts` and listed in `not_evaluated` with the reason ("not evaluated: no
+    critic")."""
 
     def __init__(
-        self, alerts: dict[str, HealthAlert], config: AlertsConfig | None = None, algorithm: str | None = None
+        self, alerts: dict[str, HealthAlert], config: AlertsConfig | None = None, algorithm: str | None = None,
+        not_evaluated: dict[str, str] | None = None, profile: str | None = None,
     ):
         self.alerts = alerts
         self.config = config
         self.algorithm = algorithm
+        #: configured alerts left out for this algorithm -> why ("not evaluated: no critic")
+        self.not_evaluated = dict(not_evaluated or {})
+        self.profile = profile
 
     @classmethod
     def from_config(
@@ -52,13 +66,14 @@ class Catalog:
         if profile is not None and profile not in config.profiles:
             raise BadInput(f"{source}: no profile '{profile}' (have: {', '.join(config.profiles) or 'none'})")
         overlays = config.profiles.get(profile, {}) if profile else {}
-        alerts = {
-            name: _build_alert(
-                name, acfg, algorithm, source, overlays.get(name), f"profiles.{profile}.{name}"
-            )
-            for name, acfg in config.alerts.items()
-        }
-        return cls(alerts, config, algorithm)
+        alerts, skipped = {}, {}
+        for name, acfg in config.alerts.items():
+            why = not_evaluated_reason(ALERTS[name], algorithm)
+            if why is not None:
+                skipped[name] = why
+                continue
+            alerts[name] = _build_alert(name, acfg, algorithm, source, overlays.get(name), f"profiles.{profile}.{name}")
+        return cls(alerts, config, algorithm, skipped, profile)
 
     @classmethod
     def from_file(
@@ -66,6 +81,13 @@ class Catalog:
     ) -> Catalog:
         source = str(path or DEFAULT_ALERTS_FILE)
         return cls.from_config(load_alerts_config(path), algorithm, source=source, profile=profile)
+
+    def for_algorithm(self, algorithm: str | None) -> Catalog:
+        """The same thresholds file and profile built for `algorithm` (itself when it already is, or when it was not
+        built from a file)."""
+        if algorithm == self.algorithm or self.config is None:
+            return self
+        return Catalog.from_config(self.config, algorithm, profile=self.profile)
 
     @classmethod
     def defaults(cls) -> Catalog:
@@ -77,7 +99,7 @@ class Catalog:
 
     def at_spacing(self, spacing: float) -> Catalog:
         scaled = {k: a.at_spacing(spacing) for k, a in self.alerts.items()}
-        return Catalog(scaled, self.config, self.algorithm)
+        return Catalog(scaled, self.config, self.algorithm, self.not_evaluated, self.profile)
 
     def severity(self, name: str, tenant: str | None = None) -> Severity:
         if self.config is None or name not in self.config.alerts:

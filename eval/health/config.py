@@ -20,6 +20,31 @@ DEFAULT_ALERTS_FILE = config_dir() / "alerts.yaml"
 
 ParamValue = float | int | bool | None
 
+#: what a run of each trainer algorithm (training/config.py `TrainConfig.algorithm`) has beyond the common per-step
+#: figures: a learned critic (ppo; `training.config.uses_critic`) or groups of completions per prompt (grpo, rloo:
+#: StepRecord.group_flat_frac / group_reward_std, NaN for ppo). An alert that `requires` what the run lacks is not
+#: evaluated on it; an algorithm not listed here (or none given) gets every alert. eval/ does not import training/:
+#: tests/eval/test_health_groups.py checks this table against `uses_critic` for every algorithm the trainer knows.
+ALGORITHM_HAS: dict[str, frozenset[str]] = {
+    "ppo": frozenset({"critic"}),
+    "grpo": frozenset({"groups"}),
+    "rloo": frozenset({"groups"}),
+}
+#: how the catalog reports an alert left out for the run's algorithm, by what the alert requires
+NOT_EVALUATED: dict[str, str] = {
+    "critic": "not evaluated: no critic",
+    "groups": "not evaluated: no groups (one completion per prompt)",
+}
+
+
+def not_evaluated_reason(alert: type[HealthAlert] | HealthAlert, algorithm: str | None) -> str | None:
+    """Why `alert` does not apply to a run of `algorithm` ("not evaluated: no critic"), or None when it does."""
+    need = alert.requires
+    has = ALGORITHM_HAS.get(algorithm) if algorithm is not None else None
+    if need is None or has is None or need in has:
+        return None
+    return NOT_EVALUATED[need]
+
 
 class Demote(BaseModel):
     """Route an alert as advisory instead of paging for these algorithms or tenants (while retuning)."""

@@ -17,8 +17,10 @@ def synthetic_fleet(
     n_runs: int, n_steps: int, seed: int = 0, fault_frac: float = 0.3, gate_every: int = 10
 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """A fleet of per-step health series: mostly healthy PPO-like runs, plus runs with one injected
-    fault per alert (onset between 30% and 70% of the run). Returns (series, fault name per run, onset
-    index per run; -1 for healthy). Used to benchmark the catalog and to measure false-positive rates."""
+    fault per alert (onset between 30% and 70% of the run). Every run also carries the group figures a grpo/rloo
+    run reports (`group_flat_frac`, `group_reward_std`), so the group alerts are measured on the same fleet.
+    Returns (series, fault name per run, onset index per run; -1 for healthy). Used to benchmark the catalog and
+    to measure false-positive rates."""
     rng = np.random.default_rng(seed)
     t = np.arange(n_steps, dtype=np.float64)[None, :]
     shape = (n_runs, n_steps)
@@ -77,6 +79,20 @@ def synthetic_fleet(
     carried = np.where(rng.random(shape) < 0.15, np.nan, carried)
     carried = np.where(at("carried_length_drift"), carried * 2.5, carried)  # carried tokens repeated on resume
 
+    # group signals (grpo/rloo), drawn after all of the above so those series stay what they were. A healthy run
+    # trains 16-128 groups a step; the share of groups with all-equal rewards rises from 5-30% to 30-70% as prompts
+    # get solved (a binomial draw over the step's groups), and the mean within-group reward std is the spread of the
+    # groups that are not flat (its scale the tenant's reward's) times the share of those
+    n_groups = col(rng.choice([16, 32, 64, 128], n_runs))
+    pf0, pf1 = col(rng.uniform(0.05, 0.3, n_runs)), col(rng.uniform(0.3, 0.7, n_runs))
+    p_flat = pf0 + (pf1 - pf0) * learn
+    p_flat = np.where(at("flat_groups"), col(rng.uniform(0.97, 1.0, n_runs)), p_flat)  # a constant or saturated reward
+    flat_frac = rng.binomial(np.broadcast_to(n_groups, shape).astype(np.int64), p_flat) / n_groups
+    spread = col(rng.uniform(0.2, 0.45, n_runs) * np.exp(rng.uniform(np.log(0.05), np.log(2.0), n_runs)))
+    group_std = (1.0 - flat_frac) * spread * np.exp(rng.normal(0, 0.15, shape))
+    # spread collapse with a continuous reward: no group is ever exactly flat, but its members' rewards converge
+    group_std = np.where(at("group_spread_collapse"), group_std * np.exp(-since / 15.0), group_std)
+
     gated = (np.arange(n_steps) % gate_every == gate_every - 1)[None, :]
     series = {
         "step": np.broadcast_to(t, shape).copy(),
@@ -85,6 +101,7 @@ def synthetic_fleet(
         "truncation_rate": trunc, "unparseable_rate": unparse,
         "gpu_seconds": np.ones(shape), "staleness": staleness,
         "is_ess": ess, "len_carried": carried, "len_fresh": fresh,
+        "group_flat_frac": flat_frac, "group_reward_std": group_std,
     }
     return series, np.array(FAULTS)[kinds], onset
 

@@ -34,9 +34,10 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(None, "--out", help="write the result table as CSV here"),
     ) -> None:
         """Run real small PPO jobs with injected faults (frozen weight sync, constant reward, oversized LR,
-        gameable reward, behaviour/proximal policy mismatch, carried tokens duplicated) plus a healthy control;
+        gameable reward, behaviour/proximal policy mismatch, carried tokens duplicated) plus a healthy control, and a
+        GRPO job with a constant reward plus its healthy control (each canary's catalog is built for its algorithm);
         print (canary, expected alert, fired at step, state); exit 0 only if every expected alert fired and moved the
-        run state and the control stayed quiet."""
+        run state and the controls stayed quiet."""
         from rich.table import Table
 
         from eval.health import Catalog

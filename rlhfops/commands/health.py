@@ -11,7 +11,8 @@ from common.errors import BadInput
 
 #: optional per-step columns the catalog reads beyond the Trace CSV's (docs/ARCHITECTURE.md) (the trainer's StepRecord
 #: carries them; older traces simply lack them)
-EXTRA_COLUMNS = ("truncation_rate", "unparseable_rate", "gpu_seconds", "staleness", "reward_std")
+EXTRA_COLUMNS = ("truncation_rate", "unparseable_rate", "gpu_seconds", "staleness", "reward_std", "group_flat_frac",
+                 "group_reward_std")
 ALERT_COLUMNS = ["run_id", "alert", "severity", "fired_step", "detail"]
 
 
@@ -47,8 +48,8 @@ def register(app: typer.Typer) -> None:
     def health_cmd(
         trace: Path = typer.Argument(
             ..., help="trace CSV: run_id, step, eval_score [, reward, kl, entropy, grad_norm, response_len, "
-            "truncation_rate, unparseable_rate, gpu_seconds, staleness, reward_std, tenant, label]; "
-            "rows in any order"
+            "truncation_rate, unparseable_rate, gpu_seconds, staleness, reward_std, group_flat_frac, "
+            "group_reward_std, tenant, label]; rows in any order"
         ),
         alerts: Path = typer.Option(
             None, "--alerts", help="thresholds YAML (default: configs/alerts.yaml in the repository)"
@@ -61,8 +62,9 @@ def register(app: typer.Typer) -> None:
             None, "--only", help="comma-separated alert names to run (default: every configured alert)"
         ),
         algorithm: str = typer.Option(
-            None, "--algorithm", help="algorithm of the runs (ppo, grpo, ...): selects per-algorithm "
-            "thresholds and demotions from the thresholds file"
+            None, "--algorithm", help="algorithm of the runs (ppo, grpo, rloo, ...): selects per-algorithm "
+            "thresholds and demotions from the thresholds file, and skips the alerts that do not apply to it "
+            "(no critic alert on grpo/rloo, no group alert on ppo)"
         ),
         details: int = typer.Option(
             2000, "--details", help="explain at most this many firings in the detail column (each is a "
@@ -77,7 +79,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from common.validate import check_out_file
-        from eval.health import Catalog, load_alerts_config, replay_alert
+        from eval.health import ALGORITHM_HAS, Catalog, load_alerts_config, replay_alert
         from eval.registry import ALERTS
         from eval.traces import load_trace
         from rlhfops.console import make_console
@@ -102,7 +104,8 @@ def register(app: typer.Typer) -> None:
         check_out_file(metrics_file, "metrics_file")
         source = str(alerts or "configs/alerts.yaml")
         if algorithm is not None:
-            known = sorted({a for c in config.alerts.values() for a in (*c.params_by_algorithm, *c.demote.algorithms)})
+            known = sorted({a for c in config.alerts.values() for a in (*c.params_by_algorithm, *c.demote.algorithms)}
+                           | set(ALGORITHM_HAS))
             if algorithm not in known:
                 # a typo would silently fall back to the default thresholds
                 raise BadInput(f"algorithm: '{algorithm}' has no thresholds or demotions in {source} (known: "
@@ -116,6 +119,9 @@ def register(app: typer.Typer) -> None:
         runnable = []
         for n in names:
             needs = ALERTS[n].needs
+            if n in catalog.not_evaluated:  # does not apply to --algorithm ("not evaluated: no critic")
+                skipped[n] = catalog.not_evaluated[n]
+                continue
             if n == "rollout_drift":
                 missing = [] if present & {"response_len", "truncation_rate", "unparseable_rate"} else [
                     "response_len|truncation_rate|unparseable_rate"]

@@ -46,6 +46,12 @@ def random_fleet(seed: int, n_runs: int = 60, n_steps: int = 260) -> dict[str, n
     series["len_fresh"] = np.abs(30 + walk(1.0)) + 1.0
     series["len_carried"] = series["len_fresh"] * np.exp(walk(0.05))
     series["len_carried"][rng.random(shape) < 0.1] = np.nan
+    # the group signals, drawn after the others: the flat share walks around a level of its run's (some runs spend
+    # stretches above 0.9), the spread walks down on some runs, and a step may report neither (NaN)
+    series["group_flat_frac"] = np.clip(rng.uniform(0.3, 0.95, (n_runs, 1)) + walk(0.03), 0.0, 1.0)
+    series["group_reward_std"] = np.abs(0.5 + walk(0.02)) * np.where(rng.random((n_runs, 1)) < 0.3, 0.0, 1.0)
+    for name in ("group_flat_frac", "group_reward_std"):
+        series[name][rng.random(shape) < 0.02] = np.nan
     pad = np.arange(n_steps)[None, :] >= ends[:, None]
     for arr in series.values():
         arr[pad] = np.nan

@@ -26,10 +26,12 @@ MIN_RECALL = 0.95
 #: delays on the fresh seeds are at most ~40% of these: reward_band 2, kl_blowup 29, entropy_collapse 81,
 #: reward_hacking 214, dead_run 130, grad_norm_spike 41, rollout_drift 29, sync_stall 9; the off-policy pair, set
 #: before looking at these seeds from the rules: low_ess ~12 steps of decay + 3 of persistence, carried_length_drift
-#: within the second complete 20-step window after onset)
+#: within the second complete 20-step window after onset; the group pair likewise: flat_groups 5 steps of
+#: persistence once at least 97% of the groups are flat (a few steps at 16 groups), group_spread_collapse
+#: 15 * ln(11) ~ 36 steps of a decay from at most ~1.1x the early level to a tenth of it + 5 of persistence)
 MAX_DELAY = {"reward_band": 10, "kl_blowup": 60, "entropy_collapse": 160, "reward_hacking": 350,
              "dead_run": 250, "grad_norm_spike": 100, "rollout_drift": 60, "sync_stall": 15,
-             "low_ess": 30, "carried_length_drift": 60}
+             "low_ess": 30, "carried_length_drift": 60, "flat_groups": 30, "group_spread_collapse": 80}
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Fault injection, exactly: each fault changes what it should by the amount it should (checked per sample
-against numbers the test derives itself), and the five canaries (control + four faults) fire the expected
-alert, inside the expected step window, and move the run state.
+against numbers the test derives itself), and the canaries (ppo's control + four faults, grpo's control + its
+constant reward) fire the expected alert, inside the expected step window, and move the run state.
 
 The per-fault tests share one tiny config and run a handful of steps; the canaries are real small PPO runs
 (`rlhfops canary --quick`'s jobs, fewer steps), marked slow.
@@ -121,13 +121,17 @@ def test_lr_spike_multiplies_both_learning_rates_from_at_step(warm_start_cache):
 #: canary -> (final state, at most how many steps after the fault starts its alert may fire). The bounds are
 #: the quick canaries' measured firing steps (`rlhfops canary --quick`: sync_stall 10 steps after the fault,
 #: kl_blowup 3, dead_run 42, reward_hacking 32) with a margin; sync_stall's is exact by construction
-#: (lag > max_lag 4 from 5 steps after the freeze, persisting 5 steps).
+#: (lag > max_lag 4 from 5 steps after the freeze, persisting 5 steps), and so is flat_groups' on the grpo job
+#: (every group flat from the first step after the fault, persisting 5 steps).
 EXPECTED = {
     "frozen_sync": ("FAILED(platform_fault)", 10),
     "constant_reward": ("FAILED(algorithmic_non_convergence)", 50),
     "oversized_lr": ("FAILED(algorithmic_non_convergence)", 6),
     "gameable_reward": ("FAILED(algorithmic_non_convergence)", 45),
+    "grpo_constant_reward": ("FAILED(algorithmic_non_convergence)", 5),
 }
+#: the healthy jobs that must stay quiet (ppo's and grpo's)
+CONTROLS = ("control", "grpo_control")
 #: `rlhfops canary --quick`'s defaults
 CANARY_STEPS, FAULT_AT = 60, 8
 
@@ -138,7 +142,7 @@ def canary_cache(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["control", *EXPECTED])
+@pytest.mark.parametrize("name", [*CONTROLS, *EXPECTED])
 def test_canary(canary_cache, name):
     from eval.health import Catalog
     from infra.ledger import Ledger, PriceTable
@@ -149,7 +153,7 @@ def test_canary(canary_cache, name):
     ledger = Ledger(PriceTable(gpu_hour={"cpu": "0.05"}))
     r = run_canary(canary, CANARY_STEPS, FAULT_AT, canary_cache, catalog, ledger=ledger)
     assert r["error"] == ""
-    if name == "control":
+    if name in CONTROLS:
         assert r["paged"] == [] and r["state"] == "SUCCEEDED" and math.isnan(r["fired_at"])
         assert r["steps_run"] == CANARY_STEPS
         assert not any(s.startswith(("DEGRADED", "PAUSED_BY_GATE")) for s in r["states"])
