@@ -348,9 +348,10 @@ def nightly_sweep(
         job: run the RLHF job, register its best checkpoint and re-score it from the registry.
         job_steps: PPO steps of the job (empty: 24 quick, 60 full).
         job_overrides: dotted fields of the job's PPO config, e.g. {"ppo.max_new_tokens": 24}.
-        job_config: the job's config file instead of the small synthetic job (e.g. configs/ppo-arith.yaml, or a
-            tenant's dataset job; its own steps unless job_steps is given).
-        canaries: the fault-injection canaries to run (empty: all seven; [] for none).
+        job_config: the job's config file instead of the small synthetic job (e.g. configs/ppo-arith.yaml,
+            configs/grpo-arith.yaml for a critic-free GRPO job, or a tenant's dataset job; its own steps and
+            algorithm unless job_steps / job_overrides say otherwise).
+        canaries: the fault-injection canaries to run (empty: all nine, the two GRPO ones included; [] for none).
         canary_steps: PPO steps per canary (empty: 60 quick, 120 full).
         platform: run a live multi-tenant platform round.
         platform_steps: PPO steps per platform job (empty: 12 quick, 24 full).
@@ -390,7 +391,8 @@ def nightly_sweep(
                     internals.parent_run_id, tenant="platform",
                     params={"quick": quick, "experiments": ",".join(plan.experiments),
                             "seeds": ",".join(map(str, plan.seeds)), "runner": runner,
-                            "job_steps": plan.job_steps if job else 0, "canaries": ",".join(plan.canaries),
+                            "job_steps": plan.job_steps if job else 0, "job_algorithm": plan.job_algorithm,
+                            "canaries": ",".join(plan.canaries),
                             "platform": platform, "sweep": sweep_spec if sweep else "", "fail_rate": chaos.fail_rate,
                             "bench": plan.bench.baseline_path or "no baseline" if plan.bench else ""},
                     fail_rate=chaos.fail_rate, fault_seed=chaos.fault_seed, retry_delay_s=chaos.retry_delay_s) as run, \

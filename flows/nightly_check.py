@@ -54,6 +54,8 @@ class NightlyPlan:
     out: Path
     #: the RLHF job stage's request (None: the stage is off)
     job: Any = None
+    #: the job's training algorithm (its checked config's: ppo, grpo or rloo; "" when the stage is off)
+    job_algorithm: str = ""
     #: the OPPO bench stage's inputs (None: the stage is off)
     bench: BenchPlan | None = None
 
@@ -103,11 +105,11 @@ def check_nightly(*, quick: bool = False, experiments: list[str] | None = None, 
     steps = job_steps or NIGHTLY_JOB_STEPS[quick]
     check_out_dir(out_dir, "out_dir")
     check_out_dir(cache_dir, "cache_dir")
-    job_request = None
+    job_request, job_algorithm = None, ""
     if job:
         job_request = nightly_job_request(steps, job_overrides, cache_dir, Path(out_dir), mlflow_experiment,
                                           config=job_config, steps_given=job_steps is not None)
-        job_request.checked()
+        job_algorithm = job_request.checked().config.algorithm
     trials = sweep_trials or (QUICK_SWEEP_TRIALS if quick else None)
     if sweep:
         from common.config import config_path
@@ -119,7 +121,8 @@ def check_nightly(*, quick: bool = False, experiments: list[str] | None = None, 
         prepare(str(config_path(sweep_spec)), trials)
     bench_plan = check_bench(bench_config, bench_baseline, bench_steps, bench_seeds, cache_dir) if bench else None
     return NightlyPlan(exps, seed_list, names, canary_steps, min(8 if quick else 30, canary_steps - 2), steps,
-                       platform_steps or (12 if quick else 24), trials, Path(out_dir), job_request, bench_plan)
+                       platform_steps or (12 if quick else 24), trials, Path(out_dir), job_request, job_algorithm,
+                       bench_plan)
 
 
 def check_bench(config: str, baseline: str | None, steps: int | None, seeds: int | None, cache_dir: str) -> BenchPlan:
@@ -158,8 +161,10 @@ def nightly_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
 def nightly_job_request(steps: int, overrides: dict[str, Any] | None, cache_dir: str, out: Path,
                         mlflow_experiment: str | None = None, config: str | None = None, steps_given: bool = False):
     """The nightly's RLHF job as a `training.request.JobRequest`: `nightly_job_config` (or `config`, a job config
-    file such as a tenant's dataset job, its own steps unless `steps_given`), tenant acme, run directory
-    OUT/rlhf-job."""
+    file such as a tenant's dataset job or configs/grpo-arith.yaml, its own steps unless `steps_given`), tenant acme,
+    named by its algorithm (`nightly-ppo`, `nightly-grpo`, `nightly-rloo`: the config's, or the overrides'), run
+    directory OUT/rlhf-job."""
+    from training.config import resolve_config
     from training.request import parse_request
 
     if config is not None:
@@ -172,8 +177,9 @@ def nightly_job_request(steps: int, overrides: dict[str, Any] | None, cache_dir:
         overrides = {**({"steps": steps} if steps_given else {}), **(overrides or {})}
     else:
         job_config = nightly_job_config(steps, cache_dir)
+    algorithm = resolve_config(job_config, overrides or {}).algorithm  # BadInput naming the field, as checked() would
     fields = {"config": job_config, "overrides": overrides or {}, "tenant": "acme",
-              "name": "nightly-ppo", "overlap": "full", "out_root": str(out), "run_dir": "rlhf-job"}
+              "name": f"nightly-{algorithm}", "overlap": "full", "out_root": str(out), "run_dir": "rlhf-job"}
     if mlflow_experiment is not None:
         fields["mlflow_experiment"] = mlflow_experiment
     return parse_request(fields, "job")

@@ -34,7 +34,7 @@ ExperimentName = Literal["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E8"]
 RunnerKind = Literal["thread", "ray"]
 #: training.canaries.CANARIES
 CanaryName = Literal["control", "frozen_sync", "constant_reward", "oversized_lr", "gameable_reward",
-                     "behaviour_mismatch", "duplicated_carry"]
+                     "behaviour_mismatch", "duplicated_carry", "grpo_control", "grpo_constant_reward"]
 
 
 #: the default round: five tenants, one job each; two are set up to over-optimise the proxy reward. The gameable

@@ -105,6 +105,7 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
     child MLflow run with the tenant's cost. `paused` (`training.lifecycle.PausedRun`): continue the run the
     scheduler paused in the job's directory from its kept checkpoint instead of starting over."""
     from flows.rlhf_job import TENANT_ERRORS, fresh_run_dir, log_lineage
+    from training.inputs import algorithm_params
 
     job, tenant, out, cfg = request.job, request.tenant, request.out_dir, checked.config
     if paused is not None:  # continue from the kept checkpoint
@@ -117,6 +118,8 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
         run_id, _ = T.open_run(f"{rc.flow_run_id}/{job}", job, rc.mlflow_experiment, rc.parent_run_id,
                                tags={T.KIND_TAG: "platform_job", T.TENANT_TAG: tenant})
     log_lineage(run_id, cfg)  # a tenant's data files and code hashes, as for a job of its own
+    with clock.span("tracking"):  # the training algorithm as the job's own run has it (params.algorithm, ...)
+        T.log_params(run_id, algorithm_params(cfg))
     # the job's gate is its request's detector (the round scheduler's rule), fitted to its planned looks by the one
     # builder, as for every other entry point
     jspec, sup = build(request, checked, run_id=run_id, ledger=rc.ledger, resume=paused)
@@ -155,7 +158,8 @@ def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, p
                             if verdict.get("evidence") else ""})
         T.finish(run_id, "FAILED" if status.failure else "FINISHED")
     stopped_at = outcome.records[-1]["step"] if decision == "stopped" and outcome.records else None
-    return {"tenant": tenant, "job": request.name, "gpus": request.gpus, "decision": decision, "decided_by": decider,
+    return {"tenant": tenant, "job": request.name, "algorithm": cfg.algorithm, "gpus": request.gpus,
+            "decision": decision, "decided_by": decider,
             "pause_evidence": json.dumps(verdict.get("evidence"), default=float) if verdict.get("evidence") else "",
             "state": status.label, "alerts": ",".join(e.alert for e in sup.events),
             "resumed_from_step": paused.best_step if paused is not None else None,

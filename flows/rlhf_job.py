@@ -1,4 +1,5 @@
-"""`rlhf_job`: one tenant's PPO job with OPPO overlap, end to end on the platform's control path.
+"""`rlhf_job`: one tenant's RL job (the config's `algorithm`: ppo, grpo or rloo) with OPPO overlap, end to end on
+the platform's control path.
 
 The flow takes one `training.request.JobRequest` (the run form is generated from it) and `JobInternals`:
 validate the request (before anything is provisioned) -> take GPU worker slots -> start the worker ->
@@ -58,8 +59,10 @@ def job_run_name() -> str:
 
 @flow(name="rlhf-job", flow_run_name=job_run_name, log_prints=False)
 def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobInternals()) -> dict[str, Any]:
-    """Train one tenant's PPO job (OPPO overlap) on GPU worker slots under the run-health catalog and a
-    held-out eval gate; register the best checkpoint in the MLflow model registry.
+    """Train one tenant's RL job (PPO, GRPO or RLOO: the config's `algorithm`, or the form's; OPPO overlap) on GPU
+    worker slots under the run-health catalog and a held-out eval gate; register the best checkpoint in the MLflow
+    model registry. The MLflow run's params carry the resolved config (`algorithm`, `ppo.group_size`, ...) and its
+    `algorithm` tag, so runs filter and compare by algorithm.
 
     `request.resume` (default): continue an interrupted job from the newest checkpoint in its run directory (a crash,
     an API outage that outlasted the retries: the retry keeps the work done); a directory whose job ended is started
@@ -68,8 +71,9 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
     retried).
 
     Args:
-        request: the job (training/request.py: JobRequest): config and overrides, tenant, name, overlap, steps,
-            GPUs, detector, alerts, output root; every field is checked before anything is provisioned.
+        request: the job (training/request.py: JobRequest): config and overrides, algorithm and group size,
+            tenant, name, overlap, steps, GPUs, detector, alerts, output root; every field is checked before
+            anything is provisioned.
         internals: knobs the nightly and the tests set (chaos injection, first retry delay, the MLflow parent
             run); the defaults are safe.
     """
@@ -115,7 +119,8 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
         spec, sup = build(request, checked, run_id=run_id, ledger=ledger,
                           metrics=PlatformMetrics(tenants=[tenant]))
         slots = gpu_slots(request.cluster_gpus)
-        progress.reporter.stage(f"rlhf job {job}: {cfg.steps} PPO steps ({request.overlap})", total=cfg.steps)
+        progress.reporter.stage(f"rlhf job {job}: {cfg.steps} {cfg.algorithm.upper()} steps ({request.overlap})",
+                                total=cfg.steps)
         hooks = PrefectJobHooks(run_id, slots, internals.retry_delay_s, internals.fail_rate, internals.fault_seed,
                                 wait_api=True, after_step=lambda rec, _s: progress.reporter.advance())
         outcome = run_job(spec, hooks=hooks, supervisor=sup)
@@ -178,7 +183,7 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
                                                 "detector": gate, "overlap": request.overlap,
                                                 "gpus": request.gpus}))
     summary = {"job": job, "tenant": tenant, "run_id": run_id, "state": status.label, "decision": decision,
-               "decided_by": decider,
+               "decided_by": decider, "algorithm": cfg.algorithm, "group_size": cfg.ppo.group_size,
                "failure_class": failure, "reason": reason, "best": best, "registry": registry,
                "metrics": job_metrics, "out_dir": str(out), "history": sup.machine.labels(),
                "resumed_from": paused.__dict__ if paused is not None else None}
@@ -231,6 +236,8 @@ def job_artifact(summary: dict[str, Any], experiment: str) -> None:
              f"MLflow run: [{summary['run_id']}]({url}) (`mlflow ui --backend-store-uri "
              f"{T.tracking_uri()}` serves it)", "",
              "| | |", "|---|---|",
+             f"| algorithm | {summary.get('algorithm', 'ppo')} ({summary.get('group_size', 1)} completions per "
+             "prompt) |",
              f"| decision | {summary['decision']} (decided by {summary['decided_by']}) after {m['steps']} steps |",
              f"| reason | {summary['reason'] or '—'} |",
              f"| best checkpoint | step {best.get('step', '—')}, held-out {best.get('eval_score', math.nan):+.3f} "

@@ -3,11 +3,17 @@
     ledger = Ledger(load_prices())                       # prices per GPU kind: configs/prices.yaml
     ledger.charge("run-7", "acme", "h100", "rollout", gpu_seconds=12.5, tokens_generated=4096)
     ledger.charge_step("run-7", "acme", "h100", step_record, n_gpus=2)   # a trainer StepRecord
+    ledger.describe("run-7", algorithm="grpo")           # the job's attributes: columns of its row in frame()
     ledger.run_totals(), ledger.tenant_totals(), ledger.cluster_total(), ledger.frame()
 
 Arithmetic is exact: GPU time is kept in integer micro-GPU-seconds and cost as a `Fraction` of the
 currency unit (decimal prices), so per-tenant sums equal the cluster total exactly, not within a tolerance.
 The trainer (per step) and the scheduling simulator (per finished job) feed the same ledger.
+
+The phases are the trainer's wall-clock phases, whatever models a step runs: a critic-free job (`algorithm: grpo` or
+`rloo`) has no value model to score or update, so its `score` and `optim` seconds hold none of that work and it is
+charged for what it ran; nothing here counts models. A job run's row says which algorithm it trained (`describe`,
+called where the job's supervisor is made: `training.lifecycle.make_supervisor`), so a bill splits by algorithm.
 
 Thread safety: the platform round charges from up to 8 job threads while others read totals. Every
 charge and every read of the rows holds one lock; reads copy the rows under it and roll up outside it,
@@ -33,6 +39,9 @@ from training.request import check_gpu_kind
 
 #: wall-clock phases of one step (same names as training.metrics.PHASES; a test keeps them equal)
 PHASES = ("rollout", "score", "sync", "optim", "eval", "reward_fn")
+#: what a run's row says about its job besides the tenant (`Ledger.describe`): columns of `frame()`, empty for a run
+#: never described (a simulated job)
+JOB_ATTRS = ("algorithm",)
 #: the kind whose price the tenant's function CPU seconds are charged at (configs/prices.yaml)
 CPU_KIND = "cpu"
 MICRO = 1_000_000
@@ -104,7 +113,17 @@ class Ledger:
         # (run_id, gpu_kind, phase) -> [gpu_us, tokens_generated, tokens_trained, steps]
         self._rows: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         self.tenant_of: dict[str, str] = {}
+        self.attrs_of: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
+
+    def describe(self, run_id: str, **attrs: str) -> None:
+        """Record the job attributes of `run_id` (`JOB_ATTRS`: its training `algorithm`); `frame()` shows them beside
+        the tenant. Charges are unchanged: the attributes are labels, not money."""
+        unknown = sorted(set(attrs) - set(JOB_ATTRS))
+        if unknown:
+            raise ValueError(f"ledger: unknown job attribute(s) {', '.join(unknown)} (known: {', '.join(JOB_ATTRS)})")
+        with self._lock:
+            self.attrs_of.setdefault(run_id, {}).update({k: str(v) for k, v in attrs.items() if v is not None})
 
     def charge(
         self, run_id: str, tenant: str, gpu_kind: str, phase: str, gpu_seconds: float,
@@ -188,13 +207,18 @@ class Ledger:
         return t
 
     def frame(self):
-        """One row per run (floats for display; the exact values stay in `run_totals`)."""
+        """One row per run (floats for display; the exact values stay in `run_totals`): its tenant, its job attributes
+        (`JOB_ATTRS`, empty where never described), GPU-seconds in all and per phase, tokens, steps, cost."""
         import pandas as pd
 
         snapshot, tenant_of = self._snapshot()
+        with self._lock:
+            attrs_of = {run: dict(a) for run, a in self.attrs_of.items()}
         rows = []
         for run_id, t in sorted(self._run_totals(snapshot).items()):
-            row = {"run_id": run_id, "tenant": tenant_of[run_id], "gpu_seconds": t.gpu_seconds}
+            attrs = attrs_of.get(run_id, {})
+            row = {"run_id": run_id, "tenant": tenant_of[run_id], **{a: attrs.get(a, "") for a in JOB_ATTRS},
+                   "gpu_seconds": t.gpu_seconds}
             row.update({f"gpu_seconds_{p}": t.gpu_us_by_phase[p] / MICRO for p in PHASES})
             row.update(
                 tokens_generated=t.tokens_generated, tokens_trained=t.tokens_trained, steps=t.steps,

@@ -9,7 +9,16 @@ from typing import Any
 
 import pandas as pd
 
-from infra.tracking import DEFAULT_EXPERIMENT, KIND_TAG, NAMES_TAG, PARENT_TAG, TENANT_TAG, client, init_store
+from infra.tracking import (
+    ALGORITHM_TAG,
+    DEFAULT_EXPERIMENT,
+    KIND_TAG,
+    NAMES_TAG,
+    PARENT_TAG,
+    TENANT_TAG,
+    client,
+    init_store,
+)
 
 
 def _runs(filter_string: str, experiment: str = DEFAULT_EXPERIMENT) -> pd.DataFrame:
@@ -56,23 +65,46 @@ def scheduler_table(root_id: str, all_runs: pd.DataFrame) -> pd.DataFrame:
 
 
 TENANT_METRICS = ["cost_usd", "gpu_hours", "steps", "tokens_generated", "best_eval"]
+#: the tenant table's keys: a tenant's PPO and GRPO jobs are compared each with its own kind, never summed together
+TENANT_KEYS = ["tenant", "algorithm"]
+#: what an earlier version's `ppo.advantage` param meant, as an algorithm (the field moved to the top level)
+_ADVANTAGE = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo"}
+
+
+def run_algorithm(runs: pd.DataFrame) -> pd.Series:
+    """Each job run's training algorithm: its `algorithm` tag (every job run has it: `training.inputs.job_lineage`),
+    else its `algorithm` param (logged when the run opens, so a job that failed before its tags has it), else what an
+    earlier version's `ppo.advantage` param says, else ppo (runs from before the algorithm existed trained PPO)."""
+    out = pd.Series("", index=runs.index, dtype=object)
+    sources = ((f"tags.{ALGORITHM_TAG}", None), ("params.algorithm", None), ("params.ppo.advantage", _ADVANTAGE))
+    for col, values in sources:
+        if col not in runs:
+            continue
+        got = runs[col].fillna("").astype(str)
+        if values is not None:
+            got = got.map(lambda v, m=values: m.get(v, ""))
+        out = out.where(out != "", got)
+    return out.replace("", "ppo")
 
 
 def tenant_table(root_id: str, all_runs: pd.DataFrame) -> pd.DataFrame:
-    """Per-tenant sums of the cost metrics of a nightly's job runs (RLHF jobs, platform jobs)."""
+    """Per-tenant and per-algorithm sums of the cost metrics of a nightly's job runs (RLHF jobs, platform jobs)."""
+    columns = [*TENANT_KEYS, "metric", "value"]
     runs = _descendants(root_id, all_runs)
     if runs.empty or f"tags.{TENANT_TAG}" not in runs:
-        return pd.DataFrame(columns=["tenant", "metric", "value"])
+        return pd.DataFrame(columns=columns)
     runs = runs[runs.get(f"tags.{KIND_TAG}", pd.Series(dtype=str)).isin(["rlhf_job", "platform_job"])]
+    runs = runs.assign(_algorithm=run_algorithm(runs))
     rows = []
-    for tenant, g in runs.groupby(f"tags.{TENANT_TAG}"):
-        rows.append({"tenant": tenant, "metric": "jobs", "value": float(len(g))})
+    for (tenant, algorithm), g in runs.groupby([f"tags.{TENANT_TAG}", "_algorithm"]):
+        key = {"tenant": tenant, "algorithm": algorithm}
+        rows.append({**key, "metric": "jobs", "value": float(len(g))})
         for m in TENANT_METRICS:
             col = f"metrics.{m}"
             if col in g and g[col].notna().any():
                 agg = g[col].max() if m == "best_eval" else g[col].sum()
-                rows.append({"tenant": tenant, "metric": m, "value": float(agg)})
-    return pd.DataFrame(rows, columns=["tenant", "metric", "value"])
+                rows.append({**key, "metric": m, "value": float(agg)})
+    return pd.DataFrame(rows, columns=columns)
 
 
 def compare(tonight: pd.DataFrame, last: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -116,7 +148,7 @@ def nightly_report(experiment: str = DEFAULT_EXPERIMENT, tonight_id: str | None 
                     ["experiment", "variant", "scheduler"])
     sched = sched.sort_values(["experiment", "variant", "scheduler"], kind="stable", ignore_index=True)
     ten = compare(tenant_table(tonight.run_id, all_runs),
-                  tenant_table(last.run_id, all_runs) if last is not None else None, ["tenant"])
+                  tenant_table(last.run_id, all_runs) if last is not None else None, TENANT_KEYS)
     return {"tonight": tonight, "last": last, "schedulers": sched, "tenants": ten}
 
 
@@ -157,8 +189,10 @@ def report_markdown(rep: dict[str, Any], metrics: tuple[str, ...] = ("jct_mean",
         lines.append("")
     ten = rep["tenants"]
     if not ten.empty:
-        lines += ["## Tenants (live jobs)", "", "| tenant | metric | tonight | last | Δ |", "|---|---|---|---|---|"]
+        lines += ["## Tenants (live jobs)", "", "| tenant | algorithm | metric | tonight | last | Δ |",
+                  "|---|---|---|---|---|---|"]
         for _, r in ten.iterrows():
-            lines.append(f"| {r.tenant} | {r.metric} | {_fmt(r.tonight)} | {_fmt(r['last'])} | {_fmt(r.delta)} |")
+            lines.append(f"| {r.tenant} | {r.algorithm} | {r.metric} | {_fmt(r.tonight)} | {_fmt(r['last'])} | "
+                         f"{_fmt(r.delta)} |")
         lines.append("")
     return "\n".join(lines)

@@ -31,6 +31,8 @@ PARENT_TAG = "mlflow.parentRunId"
 FLOW_RUN_TAG = "prefect.flow_run_id"
 DEPLOYMENT_TAG = "prefect.deployment"
 TENANT_TAG = "tenant"
+#: a job run's training algorithm, ppo | grpo | rloo (training.inputs.ALGORITHM_TAG: the domain does not import infra)
+ALGORITHM_TAG = "algorithm"
 NAMES_TAG = "rlhfops.names"  # JSON {metric-safe key: original name}, for the report
 #: the experiment's kind ("custom_model_development": machine learning, not a GenAI app), the tag MLflow 3's UI shows
 #: as the experiment type (mlflow/server/js: `mlflow.experimentKind`).

@@ -321,9 +321,32 @@ def valid_job(base: str | dict[str, Any], overrides: dict[str, Any]):
     return cfg
 
 
+#: an integer range of at most this many values is checked value by value (`checked_values`): a range such as
+#: `ppo.group_size: {uniform: [2, 8]}` has valid ends and invalid values inside (3 does not divide a batch of 16)
+MAX_CHECKED_RANGE = 64
+#: ... and paired with another field's values value by value when it has at most this many (else by its ends), so the
+#: pair check stays a few hundred config validations (about 5 ms each) per pair of fields
+MAX_PAIRED_RANGE = 16
+
+
+def checked_values(space: ParamSpace, most: int = MAX_CHECKED_RANGE) -> list[Any]:
+    """The values of a varied field the spec check tries: every listed value, every integer of an integer range of at
+    most `most` values, else both ends of the range."""
+    if space.kind in ("uniform", "log_uniform"):
+        low, high = getattr(space, space.kind)
+        if isinstance(low, int) and isinstance(high, int) and high - low < most:
+            return list(range(low, high + 1))
+    return space.candidates()
+
+
 def check_against_job(spec: SweepSpec, base_dir: Path | None = None) -> None:
     """Every varied field must exist in the job config and every listed value (both ends of a range) must make a
-    valid job, its data files and function refs included (`valid_job`). Raises BadInput naming `space.<field>`."""
+    valid job, its data files and function refs included (`valid_job`); so must every integer inside a short integer
+    range (`checked_values`), and every pair of two fields' values (`algorithm: grpo` with `ppo.group_size: 1`, a
+    `ppo.group_size` that does not divide a varied `ppo.batch_size`): a trial may draw any of them. Raises BadInput
+    naming `space.<field>`, and for a pair both fields."""
+    from training.config import resolve_config
+
     base = resolve_base(spec, base_dir)
     try:
         valid_job(base, dict(spec.overrides))
@@ -332,11 +355,25 @@ def check_against_job(spec: SweepSpec, base_dir: Path | None = None) -> None:
     for path, space in spec.space.items():
         if path in spec.overrides:
             raise BadInput(f"space.{path}: also fixed under overrides (vary it or fix it, not both)")
-        for value in space.candidates():
-            try:
-                valid_job(base, {**spec.overrides, path: value})
+        ends = space.candidates()
+        for value in checked_values(space):
+            try:  # the files a value names are read for the listed values and the ends; the config alone inside
+                (valid_job if value in ends else resolve_config)(base, {**spec.overrides, path: value})
             except BadInput as err:
-                raise BadInput(f"space.{path}: {value!r} does not make a valid job ({err})") from None
+                where = "" if value in ends else f" (inside {space.kind} {list(ends)}: list the values with choice)"
+                raise BadInput(f"space.{path}: {value!r}{where} does not make a valid job ({err})") from None
         if path == "seed" and spec.seeds_per_trial > 1:
             raise BadInput("space.seed: the seed is varied by seeds_per_trial; do not vary it in the space too")
+    values = {path: checked_values(space, MAX_PAIRED_RANGE) for path, space in spec.space.items()}
+    paths = list(values)
+    for i, first in enumerate(paths):  # the config alone: each value's files were read above
+        for second in paths[i + 1:]:
+            for a in values[first]:
+                for b in values[second]:
+                    try:
+                        resolve_config(base, {**spec.overrides, first: a, second: b})
+                    except BadInput as err:
+                        raise BadInput(f"space.{first}: {a!r} with space.{second}: {b!r} does not make a valid job "
+                                       f"({err}); vary them so that every pair is valid, or fix one under "
+                                       "overrides") from None
     trial_request(spec, {}, 0, 0, base_dir, source="sweep")  # the job fields every trial's request takes

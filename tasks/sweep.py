@@ -39,10 +39,12 @@ def sweep_model(spec) -> str:
 
 
 class MlflowSweepTracker:
-    def __init__(self, ledger=None, parent_run_id: str | None = None, flow_tags: dict[str, str] | None = None):
+    def __init__(self, ledger=None, parent_run_id: str | None = None, flow_tags: dict[str, str] | None = None,
+                 base_dir: Path | None = None):
         self.ledger = ledger
         self.outer_parent = parent_run_id  # the caller's run (the nightly's) to nest the sweep under
         self.flow_tags = flow_tags or {}
+        self.base_dir = base_dir  # where the spec's relative base is read from (the runner's)
         self.run_id: str | None = None
         self.spec = None
 
@@ -73,12 +75,26 @@ class MlflowSweepTracker:
 
     def trial_started(self, number: int, params: dict[str, Any]) -> str:
         spec = self.spec
+        algorithm = self.trial_algorithm(params)
         run_id, _ = T.open_run(f"{sweep_key(spec)}/trial-{number}", f"{spec.name}/trial-{number}",
                                spec.mlflow_experiment, self.run_id,
                                tags={T.KIND_TAG: "sweep-trial", T.TENANT_TAG: spec.tenant, "optuna_trial": number,
-                                     STATE_TAG: "RUNNING"})
-        T.log_params(run_id, {**params, "trial": number, "seeds": spec.seeds_per_trial})
+                                     STATE_TAG: "RUNNING", T.ALGORITHM_TAG: algorithm.get("algorithm")})
+        T.log_params(run_id, {**algorithm, **params, "trial": number, "seeds": spec.seeds_per_trial})
         return run_id
+
+    def trial_algorithm(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The trial's training algorithm and its fields (`training.inputs.algorithm_params`) from its config, varied
+        or not, so every trial run filters by `params.algorithm` as a job's does; empty when the config does not
+        resolve (the trial then fails on its own check, with the error on its run)."""
+        from common.errors import BadInput
+        from sweeps.spec import trial_config
+        from training.inputs import algorithm_params
+
+        try:
+            return algorithm_params(trial_config(self.spec, params, 0, self.base_dir))
+        except BadInput:
+            return {}
 
     def trial_finished(self, result, records: list[dict[str, Any]]) -> None:
         if not result.run_id:
@@ -169,7 +185,7 @@ def run_sweep(spec, ledger, *, prune: bool = True, resume: bool = False, on_even
         with clock.span("work"):  # the nightly's overhead accounting: a trial's training is domain work
             return (trial_fn or run_trial)(*args, **kwargs)
 
-    tracker = MlflowSweepTracker(ledger, parent_run_id, flow_tags)
+    tracker = MlflowSweepTracker(ledger, parent_run_id, flow_tags, base_dir)
     runner = SweepRunner(spec, prune=prune, resume=resume, tracker=tracker, ledger=ledger, on_event=on_event,
                          slot=slot, base_dir=base_dir, trial_fn=timed_trial)
     summary = runner.run()

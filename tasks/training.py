@@ -211,14 +211,15 @@ def replay_history(out_dir: str | Path, upto_step: int, supervisor, run_id: str 
 
 def rescoring_tags(checkpoint: str) -> dict[str, str]:
     """What re-scoring a registered checkpoint needs, as version tags: the gate's kind and code hash (or model path),
-    the held-out file's digest, the task kind (training.inputs.job_lineage on the checkpoint's own config)."""
+    the held-out file's digest, the task kind (training.inputs.job_lineage on the checkpoint's own config); and the
+    algorithm that trained it (ppo, grpo, rloo), so the registry tells which versions came from which."""
     import yaml
 
     from training.config import TrainConfig
-    from training.inputs import job_lineage
+    from training.inputs import ALGORITHM_TAG, job_lineage
 
     path = Path(checkpoint) / "config.yaml"
     if not path.is_file():
         return {}
     tags = job_lineage(TrainConfig.model_validate(yaml.safe_load(path.read_text())))["tags"]
-    return {k: v for k, v in tags.items() if k.startswith(("gate.", "heldout.", "task."))}
+    return {k: v for k, v in tags.items() if k == ALGORITHM_TAG or k.startswith(("gate.", "heldout.", "task."))}

@@ -379,13 +379,29 @@ def check_inputs(cfg: TrainConfig, warn=warn_stderr) -> None:
                        f"('{cfg.task.heldout}'): lower eval_prompts or add held-out prompts")
 
 
+#: the MLflow tag every job run carries with its training algorithm (`job_lineage`): ppo, grpo or rloo
+ALGORITHM_TAG = "algorithm"
+
+
+def algorithm_params(cfg: TrainConfig) -> dict[str, Any]:
+    """The training algorithm and the fields that say how it runs, as a job run's MLflow params (dotted as the config
+    writes them, so `params.algorithm` and `params.ppo.group_size` read the same whichever entry point ran the job):
+    `algorithm`, `ppo.group_size` (completions per prompt), `ppo.scale_rewards` (grpo's; ppo and rloo keep the
+    default `group`, which they do not use) and `ppo.kl_in` (where the KL to the reference goes, when `ppo.kl_coef`
+    pays one)."""
+    return {"algorithm": cfg.algorithm, "ppo.group_size": cfg.ppo.group_size,
+            "ppo.scale_rewards": cfg.ppo.scale_rewards, "ppo.kl_in": cfg.ppo.kl_in}
+
+
 def job_lineage(cfg: TrainConfig) -> dict[str, Any]:
     """What an analyst filters runs by and what re-scoring a checkpoint needs: the data files (name, digest = the
-    file's own sha256, source, rows, context `training` / `eval`) and tags: the task kind, the reward's and the gate's
-    kind and code hash (a FILE.py's bytes, a module's source, a built-in's module), the held-out digest."""
+    file's own sha256, source, rows, context `training` / `eval`) and tags: the training algorithm (`ALGORITHM_TAG`),
+    the task kind, the reward's and the gate's kind and code hash (a FILE.py's bytes, a module's source, a built-in's
+    module), the held-out digest."""
     from training import rewards
 
-    tags: dict[str, str] = {"task.kind": cfg.task.kind, "reward.kind": cfg.reward.kind, "gate.kind": cfg.gate.kind}
+    tags: dict[str, str] = {ALGORITHM_TAG: cfg.algorithm, "task.kind": cfg.task.kind, "reward.kind": cfg.reward.kind,
+                            "gate.kind": cfg.gate.kind}
     base = Path(cfg.config_dir) if cfg.config_dir else Path.cwd()
     for role in ("reward", "gate"):
         scorer = getattr(cfg, role)

@@ -222,21 +222,27 @@ def planned_gate(detector: Any, spec: JobSpec) -> Any:
 def make_supervisor(spec: JobSpec, ledger: Any = None, metrics: Any = None, run_id: str | None = None,
                     catalog: Any = None, gate: Any = None):
     """The job's `eval.supervisor.RunSupervisor`, the one place one is made: the alert catalog (`catalog`, default
-    the file `spec.alerts` with `spec.alert_profile`), the gate detector (`gate`, a detector object, else the one
-    `spec.detector` specifies: a `training.request.DetectorSpec`, its text or a name; `planned_gate` fits it to the
-    job's planned looks), the planned steps (`spec.steps`: the gate's short-run phase needs them), the ledger and
-    metrics to charge.
+    the file `spec.alerts` with `spec.alert_profile`, built for the config's `algorithm`), the gate detector (`gate`,
+    a detector object, else the one `spec.detector` specifies: a `training.request.DetectorSpec`, its text or a
+    name; `planned_gate` fits it to the job's planned looks), the planned steps (`spec.steps`: the gate's short-run
+    phase needs them), the ledger and metrics to charge.
     A job asked for as a `training.request.JobRequest` gets its spec and supervisor from `training.request.build`."""
     from eval.health import Catalog
     from eval.supervisor import RunSupervisor
     from training.detector_spec import build_detector
 
     if catalog is None:
-        catalog = Catalog.from_file(spec.alerts, algorithm="ppo", profile=spec.alert_profile)
+        # the job's algorithm picks its thresholds and leaves out the alerts that do not apply to it (no critic alert
+        # on grpo/rloo, no group alert on ppo: `Catalog.not_evaluated`)
+        algorithm = getattr(spec.config, "algorithm", "ppo")  # TrainConfig's default
+        catalog = Catalog.from_file(spec.alerts, algorithm=algorithm, profile=spec.alert_profile)
     if gate is None and spec.detector:
         gate = build_detector(spec.detector)
     gate = planned_gate(gate, spec)
-    return RunSupervisor(run_id or spec.run_id or spec.job, spec.tenant, catalog.start(tenant=spec.tenant),
+    rid = run_id or spec.run_id or spec.job
+    if ledger is not None and hasattr(ledger, "describe"):  # the run's ledger row names its algorithm
+        ledger.describe(rid, algorithm=getattr(spec.config, "algorithm", None))
+    return RunSupervisor(rid, spec.tenant, catalog.start(tenant=spec.tenant),
                          gate_detector=gate, ledger=ledger, metrics=metrics, gpu_kind=spec.gpu_kind, n_gpus=spec.gpus,
                          planned_steps=spec.steps)
 

@@ -55,6 +55,11 @@ NAME_RULE = "1-63 lowercase letters, digits, '-' or '_', starting with a letter 
 Overlap = Literal["none", "intra", "inter", "full"]
 #: the alert catalog's profiles in configs/alerts.yaml (None: production thresholds)
 AlertProfile = Literal["canary"]
+#: training.config.ALGORITHMS (tests/flows/test_flow_forms.py keeps them equal): the form's drop-down
+Algorithm = Literal["ppo", "grpo", "rloo"]
+#: the request's typed config fields and the dotted config field each sets (the form's drop-downs and numbers; the
+#: same fields as `overrides` would, which may not say otherwise)
+CONFIG_FIELDS = {"device": "device", "dtype": "dtype", "algorithm": "algorithm", "group_size": "ppo.group_size"}
 
 DEFAULT_CONFIG = "configs/ppo-tiny.yaml"
 DEFAULT_OUT_ROOT = "runs/jobs"
@@ -187,14 +192,16 @@ class CheckedJob:
 
 
 class JobRequest(BaseModel):
-    """One tenant's PPO job (OPPO overlap) under the run-health catalog and an eval gate; the best checkpoint is
-    registered under the tenant's model. Every field is validated here, before anything is provisioned."""
+    """One tenant's RL job (PPO, GRPO or RLOO: `algorithm`; OPPO overlap) under the run-health catalog and an eval
+    gate; the best checkpoint is registered under the tenant's model. Every field is validated here, before anything
+    is provisioned."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     config: str | dict[str, Any] = Field(
-        DEFAULT_CONFIG, description="PPO config YAML (configs/ppo-tiny.yaml: a healthy job; configs/ppo-hack.yaml "
-        "over-optimises the proxy reward on purpose; configs/ppo-arith.yaml: a data set with built-in rewards), or "
+        DEFAULT_CONFIG, description="job config YAML (configs/ppo-tiny.yaml: a healthy job; configs/ppo-hack.yaml "
+        "over-optimises the proxy reward on purpose; configs/ppo-arith.yaml: a data set with built-in rewards; "
+        "configs/grpo-arith.yaml: the same data set with GRPO, no critic), or "
         "the config itself as a mapping. Your own job: a YAML in your folder with task: {kind: dataset, train: "
         "train.jsonl, heldout: heldout.jsonl, prompt_key: question}, reward: {kind: function, ref: "
         "my_reward.py:score} and optionally gate: {kind: function, ref: my_reward.py:exact}; relative paths are "
@@ -220,6 +227,15 @@ class JobRequest(BaseModel):
     dtype: Literal["float32", "bfloat16"] | None = Field(None, description="the forward passes' precision: float32, "
                                                          "or bfloat16 with float32 master weights (empty: the "
                                                          "config's dtype)")
+    algorithm: Algorithm | None = Field(None, description="the training algorithm: ppo (a learned critic, GAE), "
+                                        "grpo (group-relative advantages, no critic) or rloo (leave-one-out "
+                                        "baseline, no critic); each fills the ppo fields the config leaves out with "
+                                        "its own defaults (grpo: 8 completions per prompt, no KL) (empty: the "
+                                        "config's algorithm)")
+    group_size: int | None = Field(None, ge=1, le=65536, description="completions sampled per prompt "
+                                   "(ppo.group_size): grpo and rloo need at least 2, and the config's "
+                                   "ppo.batch_size must be a multiple of it (empty: the config's, else the "
+                                   "algorithm's default: ppo 1, grpo 8, rloo 2)")
     gpu_kind: str = Field("cpu", min_length=1, max_length=64, description="priced GPU kind for the tenant's ledger "
                           "(a key of gpu_hour in the price table)")
     # a rule's name (the form's drop-down) or {name, params}; always a `DetectorSpec` (or None) once validated
@@ -317,9 +333,13 @@ def _check(request: JobRequest) -> CheckedJob:
     overrides = dict(request.overrides)
     if request.steps is not None:
         overrides["steps"] = request.steps
-    for key in ("device", "dtype"):
-        if getattr(request, key) is not None:
-            overrides[key] = getattr(request, key)
+    for key, dotted in CONFIG_FIELDS.items():
+        value = getattr(request, key)
+        if value is None:
+            continue
+        if dotted in overrides and overrides[dotted] != value:
+            raise BadInput(f"{key}: {value!r}, but overrides sets {dotted} to {overrides[dotted]!r}: give one")
+        overrides[dotted] = value
     cfg = resolve_config(request.config, overrides)  # first: a config error before numpy, eval or torch is imported
     from training.device import check_named_cuda
 
@@ -336,7 +356,7 @@ def _check(request: JobRequest) -> CheckedJob:
             raise BadInput(f"detector: {err}") from None
     gpu_hour = price_table_kinds(request.prices)
     check_gpu_kind(request.gpu_kind, gpu_hour, prices=request.prices)
-    catalog = Catalog.from_file(request.alerts, algorithm="ppo", profile=request.alert_profile)
+    catalog = Catalog.from_file(request.alerts, algorithm=cfg.algorithm, profile=request.alert_profile)
     paused = None
     if request.resume_paused:
         paused = paused_run(request.out_dir)

@@ -62,10 +62,12 @@ def register(app: typer.Typer) -> None:
         job_steps: int = typer.Option(None, "--job-steps", help="PPO steps of the nightly's RLHF job "
                                       "(default: 24 quick, 60 full)"),
         job_config: str = typer.Option(None, "--job-config", help="the RLHF job's config instead of the small "
-                                       "synthetic job (e.g. configs/ppo-arith.yaml, or a tenant's dataset job)"),
+                                       "synthetic job (e.g. configs/ppo-arith.yaml, configs/grpo-arith.yaml for "
+                                       "GRPO, or a tenant's dataset job)"),
         canaries: str = typer.Option(None, "--canaries", help="comma-separated canaries to run, or 'none' "
                                      "(default: all: control, frozen_sync, constant_reward, oversized_lr, "
-                                     "gameable_reward, behaviour_mismatch, duplicated_carry)"),
+                                     "gameable_reward, behaviour_mismatch, duplicated_carry, grpo_control, "
+                                     "grpo_constant_reward)"),
         fail_rate: float = typer.Option(0.0, "--fail-rate", help="inject transient failures into this share of "
                                         "task attempts (chaos test of the retries), 0..0.9"),
         out: Path = typer.Option(Path("results/nightly"), "--out", help="output directory"),

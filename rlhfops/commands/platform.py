@@ -90,11 +90,11 @@ def register(app: typer.Typer) -> None:
                        seed=seed)
         df = res["jobs"].sort_values("start_order")
         table = Table(title=f"platform round: {scheduler}, {res['slots']}", title_justify="left")
-        for col in ("start", "tenant", "job", "decision", "decided by", "state", "steps", "best step", "best held-out",
-                    "JCT (s)", "cost (USD)"):
+        for col in ("start", "tenant", "job", "algorithm", "decision", "decided by", "state", "steps", "best step",
+                    "best held-out", "JCT (s)", "cost (USD)"):
             table.add_column(col)
         for _, r in df.iterrows():
-            table.add_row(str(r.start_order + 1), r.tenant, r.job, r.decision, r.decided_by, r.state,
+            table.add_row(str(r.start_order + 1), r.tenant, r.job, r.algorithm, r.decision, r.decided_by, r.state,
                           str(int(r.steps)), str(r.best_step), f"{r.best_eval:+.3f}", f"{r.jct_s:.1f}",
                           f"{r.cost_usd:.6f}")
         console.print(table)

@@ -30,7 +30,8 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(None, "--out", help="also write the report as markdown here"),
     ) -> None:
         """Compare tonight's nightly with the previous one: per scheduler (simulation matrix: tonight, last,
-        delta) and per tenant (live jobs: cost, GPU-hours, steps, best held-out score). Reads the MLflow store
+        delta) and per tenant and training algorithm (live jobs: cost, GPU-hours, steps, best held-out score; a
+        tenant's PPO and GRPO jobs are compared each with its own kind). Reads the MLflow store
         (MLFLOW_TRACKING_URI, default sqlite:///mlflow.db in the working directory)."""
         from rich.table import Table
 
@@ -80,10 +81,10 @@ def register(app: typer.Typer) -> None:
         ten = rep["tenants"]
         if not ten.empty:
             table = Table(title="Tenants (live jobs)", title_justify="left")
-            for col in ("tenant", "metric", "tonight", "last", "Δ"):
-                table.add_column(col, justify="left" if col in ("tenant", "metric") else "right")
+            for col in ("tenant", "algorithm", "metric", "tonight", "last", "Δ"):
+                table.add_column(col, justify="left" if col in ("tenant", "algorithm", "metric") else "right")
             for _, r in ten.iterrows():
-                table.add_row(r.tenant, r.metric, _fmt(r.tonight), _fmt(r["last"]), _fmt(r.delta))
+                table.add_row(r.tenant, r.algorithm, r.metric, _fmt(r.tonight), _fmt(r["last"]), _fmt(r.delta))
             console.print(table)
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)

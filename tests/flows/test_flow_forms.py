@@ -74,10 +74,12 @@ def test_choices_match_the_domain_registries():
     from infra.provision import RUNNERS
     from scheduling.experiments import EXPERIMENTS
     from training.canaries import CANARIES
+    from training.config import ALGORITHMS
     from training.trainer import OVERLAPS
 
     job = _model_fields("flows/rlhf_job.py:rlhf_job", "request")
     assert sorted(_enum(job["overlap"])) == sorted(OVERLAPS)
+    assert _enum(job["algorithm"]) == list(ALGORITHMS)  # the form's drop-down: training.config's algorithms
     assert sorted(_enum(job["detector"])) == sorted(EARLY_STOP_DETECTORS)
     assert _enum(job["detector"])[0] == job["detector"]["default"] == DEFAULT_DETECTOR
     assert _enum(_model_fields("flows/simulate.py:scheduling_experiment", "request")["experiment"]) == EXPERIMENTS
@@ -94,3 +96,7 @@ def test_a_choice_outside_the_list_is_refused_before_the_flow_runs():
 
     with pytest.raises(ParameterTypeError, match="overlap"):
         rlhf_job.validate_parameters({"request": {"overlap": "sideways"}})
+    with pytest.raises(ParameterTypeError, match="algorithm"):
+        rlhf_job.validate_parameters({"request": {"algorithm": "dpo"}})
+    with pytest.raises(ParameterTypeError, match="group_size"):
+        rlhf_job.validate_parameters({"request": {"group_size": 0}})

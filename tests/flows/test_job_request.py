@@ -49,6 +49,7 @@ def test_valid_names_pass(value):
     ({"gpus": 5, "cluster_gpus": 4}, "gpus"), ({"overlap": "sideways"}, "overlap"),
     ({"detector": "bogus"}, "detector"), ({"alert_profile": "loud"}, "alert_profile"),
     ({"tenant": None}, "tenant"), ({"nmae": "x"}, "nmae"), ({"gpus": 1.5}, "gpus"),
+    ({"algorithm": "dpo"}, "algorithm"), ({"group_size": 0}, "group_size"),
 ])
 def test_out_of_range_and_unknown_fields_are_one_line_naming_the_field(fields, field):
     from training.request import parse_request
@@ -125,6 +126,28 @@ def test_build_gives_the_supervisor_its_planned_steps_detector_and_charges(tmp_p
     assert no_gate.gate_detector is None
 
 
+def test_the_forms_algorithm_reaches_the_same_config_as_the_overrides(tmp_path):
+    """The typed `algorithm` and `group_size` (the form's drop-down and number) set the config fields `overrides`
+    would, the algorithm's defaults following; a request that says two things is refused naming the field, and so
+    is a combination the config refuses (grpo with one completion per prompt), before anything is provisioned."""
+    from training.config import uses_critic
+    from training.request import parse_request
+
+    typed = parse_request({"out_root": str(tmp_path), "algorithm": "grpo", "group_size": 4}).checked().config
+    dotted = parse_request({"out_root": str(tmp_path),
+                            "overrides": {"algorithm": "grpo", "ppo.group_size": 4}}).checked().config
+    assert typed == dotted
+    # configs/ppo-tiny.yaml's own kl_coef (0.2) stays; GRPO's defaults fill what it leaves out (the KL in the loss,
+    # no batch whitening)
+    assert (typed.algorithm, typed.ppo.group_size, typed.ppo.kl_coef) == ("grpo", 4, 0.2)
+    assert (typed.ppo.kl_in, typed.ppo.whiten_advantages) == ("loss", False)
+    assert not uses_critic(typed)
+    with pytest.raises(BadInput, match=r"^algorithm: 'grpo', but overrides sets algorithm to 'rloo': give one$"):
+        parse_request({"out_root": str(tmp_path), "algorithm": "grpo", "overrides": {"algorithm": "rloo"}}).checked()
+    with pytest.raises(BadInput, match=r"grpo needs at least 2 completions per prompt"):
+        parse_request({"out_root": str(tmp_path), "algorithm": "grpo", "group_size": 1}).checked()
+
+
 #: the project's packages (pyproject.toml's import-linter root_packages)
 PACKAGES = ("common", "training", "scheduling", "eval", "sweeps", "studies", "infra", "tasks", "flows", "rlhfops")
 
@@ -178,7 +201,8 @@ def _deployment(name: str) -> dict:
 
 
 @pytest.mark.parametrize("bad", [{"name": "../../../../tmp/x"}, {"tenant": ""}, {"steps": -5}, {"gpus": -1},
-                                 {"tenant": "a/b"}, {"nmae": "x"}, {"overlap": "sideways"}])
+                                 {"tenant": "a/b"}, {"nmae": "x"}, {"overlap": "sideways"}, {"algorithm": "dpo"},
+                                 {"group_size": 0}])
 def test_the_deployment_server_refuses_a_bad_request_before_a_flow_run_exists(bad):
     """What `prefect deployment run rlhf-job/rlhf-job -p request='{...}'` meets on the server: the parameters (the
     deployment's defaults updated by the run's, as the server merges them) against the deployed schema."""
@@ -196,7 +220,7 @@ def test_the_form_has_bounds_choices_and_descriptions_and_hides_internal_knobs()
     schema = _deployment_schema("flows/rlhf_job.py:rlhf_job")
     assert set(schema["properties"]) == {"request", "internals"}
     fields = schema["definitions"]["JobRequest"]["properties"]
-    for name in ("steps", "gpus", "cluster_gpus"):
+    for name in ("steps", "gpus", "cluster_gpus", "group_size"):
         ints = [o for o in [fields[name], *fields[name].get("anyOf", [])] if o.get("type") == "integer"]
         assert ints[0]["minimum"] == 1, name
     assert fields["tenant"]["pattern"] == fields["name"]["pattern"]
@@ -225,7 +249,8 @@ def test_a_top_level_field_is_refused_at_the_flows_first_check():
 
 
 # ------------------------------------------------------------------------------------------- the flow itself
-@pytest.mark.parametrize("bad", [{"name": "../../../../tmp/x"}, {"tenant": ""}, {"steps": -5}])
+@pytest.mark.parametrize("bad", [{"name": "../../../../tmp/x"}, {"tenant": ""}, {"steps": -5},
+                                 {"group_size": 3, "algorithm": "grpo"}])  # 3 does not divide the batch of 16
 def test_a_bad_request_fails_the_flow_run_with_nothing_written_or_registered(bad, prefect_server, mlflow_store,
                                                                             tmp_path, monkeypatch):
     from flows.rlhf_job import rlhf_job

@@ -38,17 +38,34 @@ def _request(config: Path, out: Path, **fields) -> dict:
             "detector": None, **fields}
 
 
-def test_a_tenant_dataset_job_completes_with_its_inputs_and_code_hashes(prefect_server, mlflow_store, tmp_path,
-                                                                        monkeypatch):
+#: the job as its config says (PPO), and as critic-free GRPO chosen on the run form (its drop-down and group size:
+#: 2 groups of 2 completions a step)
+ALGORITHMS = {"ppo": {}, "grpo": {"algorithm": "grpo", "group_size": 2}}
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_a_tenant_dataset_job_completes_with_its_inputs_and_code_hashes(algorithm, prefect_server, mlflow_store,
+                                                                        tmp_path, monkeypatch):
+    import pandas as pd
+
     from flows.rlhf_job import rlhf_job
 
     config = TENANT.write_job(tmp_path / "tenant", "my_reward.py:score")
     monkeypatch.chdir(tmp_path)  # not the config's folder
-    state = rlhf_job(request=_request(config, tmp_path / "jobs"), return_state=True)
+    state = rlhf_job(request=_request(config, tmp_path / "jobs", **ALGORITHMS[algorithm]), return_state=True)
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary["state"] == "SUCCEEDED" and summary["metrics"]["steps"] == 4
     run = T.client().get_run(summary["run_id"])
+    # the algorithm everywhere an analyst looks: the run's tag and params, its ledger row, the registered version
+    group = 2 if algorithm == "grpo" else 1
+    assert run.data.tags["algorithm"] == algorithm == summary["algorithm"]
+    assert (run.data.params["algorithm"], run.data.params["ppo.group_size"]) == (algorithm, str(group))
+    ledger = pd.read_csv(tmp_path / "jobs" / "ledger.csv")
+    assert ledger.set_index("run_id").loc[summary["run_id"], "algorithm"] == algorithm
+    version = T.client().get_model_version(summary["registry"]["model"], str(summary["registry"]["version"]))
+    assert version.tags["algorithm"] == algorithm
+    assert ("loss_value" in run.data.metrics) == (algorithm == "ppo")  # GRPO trained no value model
     inputs = {i.dataset.name: i for i in run.inputs.dataset_inputs}
     contexts = {name: {t.key: t.value for t in i.tags}["mlflow.data.context"] for name, i in inputs.items()}
     assert sorted(contexts.values()) == ["eval", "training"], contexts
@@ -169,3 +186,21 @@ def test_the_nightly_job_stage_takes_a_dataset_config(tmp_path):
     assert req.checked().config.steps == 12
     with pytest.raises(BadInput, match=r"^job_config: file 'nope.yaml' not found"):
         nightly_job_request(12, None, str(tmp_path), tmp_path, config="nope.yaml")
+
+
+def test_the_nightly_job_stage_runs_a_grpo_config(tmp_path):
+    """`nightly --job-config configs/grpo-arith.yaml`: the nightly's checked plan has a GRPO job (named by its
+    algorithm, with the config's group size and no critic), and the algorithm becomes the nightly run's
+    `job_algorithm` param; job_overrides may switch an algorithm too."""
+    from flows.nightly_check import check_nightly, nightly_job_request
+    from training.config import uses_critic
+
+    grpo = Path(__file__).resolve().parents[2] / "configs" / "grpo-arith.yaml"
+    plan = check_nightly(quick=True, experiments=[], canaries=[], sweep=False, job_config=str(grpo), job_steps=8,
+                         out_dir=str(tmp_path / "out"), cache_dir=str(tmp_path / "cache"))
+    cfg = plan.job.checked().config
+    assert (plan.job_algorithm, plan.job.name, cfg.algorithm, cfg.ppo.group_size, cfg.steps) == (
+        "grpo", "nightly-grpo", "grpo", 8, 8)
+    assert not uses_critic(cfg)
+    req = nightly_job_request(8, {"algorithm": "rloo", "ppo.group_size": 4}, str(tmp_path), tmp_path)
+    assert req.name == "nightly-rloo" and req.checked().config.algorithm == "rloo"

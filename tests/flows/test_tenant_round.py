@@ -119,15 +119,21 @@ def test_rlhfops_platform_reads_config_paths_from_the_jobs_files_folder_and_refu
 
 
 @pytest.mark.timeout(300)
-def test_a_round_trains_the_tenants_dataset_job(prefect_server, mlflow_store, tmp_path):
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_a_round_trains_the_tenants_dataset_job(algorithm, prefect_server, mlflow_store, tmp_path):
     """One tiny tenant job in a round of its own: it completes, warm-started from its references, with its data
-    files and code hashes on its MLflow run."""
+    files and code hashes on its MLflow run; as its config's PPO or as critic-free GRPO (its entry's overrides), the
+    algorithm on its run (tag and params), its jobs.csv row and its ledger row."""
+    import pandas as pd
+
     from flows.params import jobs_relative_to
     from flows.platform_round import platform_round
     from infra import tracking as T
 
     path = _jobs_file(tmp_path)
     jobs = jobs_relative_to(json.loads(path.read_text())[1:], path.parent)
+    if algorithm == "grpo":
+        jobs[0]["overrides"].update({"algorithm": "grpo", "ppo.group_size": 2})
     state = platform_round(jobs=jobs, scheduler="FIFO", slots=1, steps=4, out_dir=str(tmp_path / "out"),
                            cache_dir=str(tmp_path / "cache"), slot_limit="gpu-slots-tenant-round",
                            retry_delay_s=0.1, return_state=True)
@@ -136,6 +142,10 @@ def test_a_round_trains_the_tenants_dataset_job(prefect_server, mlflow_store, tm
     (row,) = table.to_dict("records")
     assert (row["tenant"], row["job"], row["state"], row["steps"]) == ("globex", "mine", "SUCCEEDED", 4), row
     run = T.client().get_run(row["run_id"])
+    assert row["algorithm"] == run.data.tags["algorithm"] == run.data.params["algorithm"] == algorithm
+    assert run.data.params["ppo.group_size"] == ("2" if algorithm == "grpo" else "1")
+    ledger = pd.read_csv(tmp_path / "out" / "ledger.csv").set_index("run_id")
+    assert ledger.loc[row["run_id"], "algorithm"] == algorithm
     contexts = sorted({t.key: t.value for t in i.tags}["mlflow.data.context"] for i in run.inputs.dataset_inputs)
     assert contexts == ["eval", "training"]
     assert run.data.tags["reward.ref"] == "my_reward.py:exact" and run.data.tags["reward.code_hash"]

@@ -115,3 +115,30 @@ def test_reward_function_cpu_seconds_are_charged_at_the_cpu_price():
     t = ledger.run_totals()["r"]
     assert Fraction(t.cost) == Fraction("0.04") + Fraction("0.05")
     assert t.gpu_us_by_phase["reward_fn"] == (36 + 3600) * MICRO
+
+
+def test_a_runs_row_names_its_jobs_algorithm():
+    """`describe` labels a run's row (the algorithm a job trained); a run never described (a simulated job) has it
+    empty, the money is the same either way, and an attribute the ledger does not keep is refused."""
+    ledger = Ledger(PRICES)
+    ledger.charge("grpo-run", "acme", "h100", "rollout", 1800.0)
+    ledger.charge("sim", "acme", "h100", "optim", 1800.0, steps=1)
+    before = ledger.run_totals()
+    ledger.describe("grpo-run", algorithm="grpo")
+    assert ledger.run_totals() == before
+    frame = ledger.frame().set_index("run_id")
+    assert list(frame.columns[:2]) == ["tenant", "algorithm"]
+    assert (frame.loc["grpo-run", "algorithm"], frame.loc["sim", "algorithm"]) == ("grpo", "")
+    with pytest.raises(ValueError, match=r"unknown job attribute\(s\) colour \(known: algorithm\)"):
+        ledger.describe("grpo-run", colour="red")
+
+
+def test_the_job_supervisor_describes_its_run_in_the_ledger(tmp_path):
+    """The one place a job's supervisor is made (`training.lifecycle.make_supervisor`, through the request's `build`)
+    tells the ledger the job's algorithm, so every entry point's ledger rows carry it."""
+    from training.request import build, parse_request
+
+    ledger = Ledger(PRICES)
+    for run_id, fields in (("ppo-run", {}), ("grpo-run", {"algorithm": "grpo", "group_size": 4})):
+        build(parse_request({"out_root": str(tmp_path), "gpu_kind": "h100", **fields}), run_id=run_id, ledger=ledger)
+    assert ledger.attrs_of == {"ppo-run": {"algorithm": "ppo"}, "grpo-run": {"algorithm": "grpo"}}

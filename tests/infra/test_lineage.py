@@ -58,3 +58,31 @@ def test_versions_scored_by_different_gates_or_held_out_files_are_not_compared(t
     assert p_strict == p_flex and g_strict != g_flex  # same prompts, another gate: refused as "different gate"
     assert p_moved != p_strict  # another held-out file: refused as "different prompt sets"
     assert gate_identity(resolve_config(ARITH)) == (p_strict, g_strict)  # the same job: comparable
+
+
+def test_the_algorithm_reads_back_from_mlflow_as_a_tag_and_params(mlflow_store):
+    """A job run's algorithm is a tag (`log_lineage`, every job run) and params (`algorithm_params`, as a platform
+    job and a sweep trial log them; `rlhf_job` logs the whole resolved config, the same keys), read back from the
+    store and found by a search filtered on them."""
+    from mlflow.tracking import MlflowClient
+
+    from flows.rlhf_job import log_lineage
+    from infra import tracking as T
+    from training.inputs import algorithm_params
+
+    ids = {}
+    for algorithm, over in (("ppo", {}), ("grpo", {"algorithm": "grpo", "ppo.group_size": 4})):
+        cfg = resolve_config(REPO / "configs" / "ppo-tiny.yaml", over)
+        run_id, _ = T.open_run(f"test/algorithm/{algorithm}", algorithm)
+        log_lineage(run_id, cfg)
+        T.log_params(run_id, algorithm_params(cfg))
+        T.finish(run_id)
+        ids[algorithm] = run_id
+    run = MlflowClient().get_run(ids["grpo"])
+    assert run.data.tags["algorithm"] == "grpo"
+    assert {k: run.data.params[k] for k in ("algorithm", "ppo.group_size", "ppo.scale_rewards", "ppo.kl_in")} == {
+        "algorithm": "grpo", "ppo.group_size": "4", "ppo.scale_rewards": "group", "ppo.kl_in": "loss"}
+    assert MlflowClient().get_run(ids["ppo"]).data.params["ppo.group_size"] == "1"
+    exp = T.experiment_id()
+    for where in ("tags.algorithm = 'grpo'", "params.algorithm = 'grpo'", "params.`ppo.group_size` = '4'"):
+        assert [r.info.run_id for r in MlflowClient().search_runs([exp], where)] == [ids["grpo"]], where

@@ -70,7 +70,7 @@ def test_step_metrics_are_batched_and_read_back(store):
     assert {m.step: m.value for m in hist}[400] == pytest.approx(40.0)
 
 
-def _nightly(exp: str, name: str, jct: dict[str, float], cost: float) -> str:
+def _nightly(exp: str, name: str, jct: dict[str, float], cost: float, grpo_cost: float | None = None) -> str:
     night, _ = T.open_run(f"flow/{name}", name, exp, tags={T.KIND_TAG: "nightly"})
     sim, _ = T.open_run(f"{name}/E2", "simulate E2", exp, parent_run_id=night,
                         tags={T.KIND_TAG: "scheduling_experiment"})
@@ -81,24 +81,35 @@ def _nightly(exp: str, name: str, jct: dict[str, float], cost: float) -> str:
     job, _ = T.open_run(f"{name}/job", "acme/job", exp, parent_run_id=night,
                         tags={T.KIND_TAG: "rlhf_job", T.TENANT_TAG: "acme"})
     T.log_metrics(job, {"cost_usd": cost, "gpu_hours": 2 * cost})
-    for r in (var, sim, job, night):
+    runs = [var, sim, job]
+    if grpo_cost is not None:  # the same tenant's critic-free job: its own row of the tenant table, never summed in
+        grpo, _ = T.open_run(f"{name}/grpo-job", "acme/grpo-job", exp, parent_run_id=night,
+                             tags={T.KIND_TAG: "rlhf_job", T.TENANT_TAG: "acme", T.ALGORITHM_TAG: "grpo"})
+        T.log_params(grpo, {"algorithm": "grpo", "ppo.group_size": 8})
+        T.log_metrics(grpo, {"cost_usd": grpo_cost, "gpu_hours": 2 * grpo_cost})
+        runs.append(grpo)
+    for r in (*runs, night):
         T.finish(r)
     return night
 
 
 def test_report_compares_tonight_with_last_night(store):
-    _nightly("two-nights", "mon", {"EvalStop(k=3)+SJF": 100.0, "FIFO": 200.0}, cost=1.0)
+    _nightly("two-nights", "mon", {"EvalStop(k=3)+SJF": 100.0, "FIFO": 200.0}, cost=1.0, grpo_cost=0.25)
     time.sleep(0.01)
-    tue = _nightly("two-nights", "tue", {"EvalStop(k=3)+SJF": 90.0, "FIFO": 210.0}, cost=1.5)
+    tue = _nightly("two-nights", "tue", {"EvalStop(k=3)+SJF": 90.0, "FIFO": 210.0}, cost=1.5, grpo_cost=0.5)
     rep = R.nightly_report("two-nights")
     assert rep["tonight"].run_id == tue
     s = rep["schedulers"].set_index(["scheduler", "metric"])
     assert s.loc[("EvalStop(k=3)+SJF", "jct_mean"), "delta"] == pytest.approx(-10.0)
     assert s.loc[("FIFO", "jct_mean"), "last"] == pytest.approx(200.0)
-    t = rep["tenants"].set_index(["tenant", "metric"])
-    assert t.loc[("acme", "cost_usd"), "delta"] == pytest.approx(0.5)
+    # per tenant and algorithm: the PPO job (no algorithm tag: a run from before the field) against last night's
+    # PPO job, the GRPO job against last night's GRPO job
+    t = rep["tenants"].set_index(["tenant", "algorithm", "metric"])
+    assert t.loc[("acme", "ppo", "cost_usd"), "delta"] == pytest.approx(0.5)
+    assert t.loc[("acme", "grpo", "cost_usd"), ["tonight", "last"]].tolist() == pytest.approx([0.5, 0.25])
+    assert t.loc[("acme", "grpo", "jobs"), "tonight"] == 1
     md = R.report_markdown(rep)
-    assert "EvalStop(k=3)+SJF" in md and "| acme | cost_usd |" in md
+    assert "EvalStop(k=3)+SJF" in md and "| acme | ppo | cost_usd |" in md and "| acme | grpo | cost_usd |" in md
 
 
 def test_report_with_one_nightly_has_no_last(store):
@@ -250,13 +261,15 @@ def test_report_command_prints_the_comparison(store, tmp_path):
 
     _nightly("cli-report", "mon", {"EvalStop(k=3)+SJF": 100.0}, cost=1.0)
     time.sleep(0.01)
-    _nightly("cli-report", "tue", {"EvalStop(k=3)+SJF": 80.0}, cost=2.0)
+    _nightly("cli-report", "tue", {"EvalStop(k=3)+SJF": 80.0}, cost=2.0, grpo_cost=0.5)
     out = tmp_path / "report.md"
     res = CliRunner().invoke(app, ["report", "--mlflow-experiment", "cli-report", "--metrics", "jct_mean",
                                    "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert "EvalStop(k=3)+SJF" in res.output and "80 / 100 / -20" in res.output
-    assert "| acme | cost_usd | 2 | 1 | 1 |" in out.read_text()
+    assert "| acme | ppo | cost_usd | 2 | 1 | 1 |" in out.read_text()
+    assert "| acme | grpo | cost_usd | 0.5 | — | — |" in out.read_text()  # no GRPO job last night
+    assert "grpo" in res.output  # the tenant table's algorithm column
     bad = CliRunner().invoke(app, ["report", "--metrics", "jct"])
     assert bad.exit_code != 0 and isinstance(bad.exception, BadInput)
 

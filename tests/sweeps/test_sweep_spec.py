@@ -9,6 +9,8 @@ import sys
 import pytest
 import yaml
 
+from common.errors import BadInput
+
 GOOD = {
     "name": "bad", "base": "configs/ppo-tiny.yaml", "overrides": {"steps": 4},
     "space": {"ppo.kl_coef": {"log_uniform": [0.01, 0.3]}, "ppo.actor_lr": {"choice": [1.0e-4, 3.0e-4]}},
@@ -57,6 +59,9 @@ CASES = [
     ("pruning/detector", "nosuch", "pruning.detector"),
     ("gpu_kind", "tpu9", "gpu_kind"),
     ("name", DELETE, "field 'name'"),
+    # a pair of values a trial may draw that the job config refuses together (each is valid alone): before any trial
+    ("space", {"algorithm": {"choice": ["ppo", "grpo"]}, "ppo.group_size": {"choice": [1, 4]}},
+     "space.algorithm: 'grpo' with space.ppo.group_size: 1 does not make a valid job"),
 ]
 
 
@@ -126,3 +131,45 @@ def test_the_example_spec_is_valid_and_its_space_reaches_over_optimising_setting
     lr = spec.space["ppo.actor_lr"].log_uniform
     # the hacking config's KL coefficient and learning rate lie inside the searched ranges
     assert kl[0] <= hack["kl_coef"] <= kl[1] and lr[0] <= hack["actor_lr"] <= lr[1]
+
+
+def test_a_spec_may_search_the_algorithm_and_the_group_size():
+    """`algorithm` (a top-level categorical) and `ppo.group_size` (an integer) are fields like any other: each trial's
+    config takes its algorithm's defaults for the ppo fields the base leaves out (`ALGORITHM_DEFAULTS`), and Optuna
+    draws them as a categorical and integers."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    from sweeps.runner import distributions
+    from sweeps.spec import check_against_job, parse_spec, trial_config
+    from training.config import uses_critic
+
+    spec = parse_spec({**GOOD, "space": {"algorithm": {"choice": ["ppo", "grpo", "rloo"]},
+                                         "ppo.group_size": {"choice": [2, 4]},
+                                         "ppo.num_ppo_epochs": {"uniform": [1, 3]}}})
+    base = REPO  # the spec's base, configs/ppo-tiny.yaml, from wherever the tests run
+    check_against_job(spec, base)  # every value and every pair makes a valid job
+    dist = distributions(spec)
+    assert isinstance(dist["algorithm"], CategoricalDistribution)
+    assert dist["algorithm"].choices == ("ppo", "grpo", "rloo")
+    assert isinstance(dist["ppo.num_ppo_epochs"], IntDistribution)
+    grpo = trial_config(spec, {"algorithm": "grpo", "ppo.group_size": 4, "ppo.num_ppo_epochs": 1}, base_dir=base)
+    ppo = trial_config(spec, {"algorithm": "ppo", "ppo.group_size": 2, "ppo.num_ppo_epochs": 1}, base_dir=base)
+    assert (grpo.algorithm, grpo.ppo.group_size, grpo.ppo.kl_in, uses_critic(grpo)) == ("grpo", 4, "loss", False)
+    assert (ppo.algorithm, ppo.ppo.group_size, ppo.ppo.kl_in, uses_critic(ppo)) == ("ppo", 2, "reward", True)
+
+
+@pytest.mark.parametrize("space, expected", [
+    # each end of the range divides the batch of 16, 3 inside it does not
+    ({"ppo.group_size": {"uniform": [2, 4]}}, "space.ppo.group_size: 3 (inside uniform [2, 4]: list the values with "
+                                             "choice) does not make a valid job"),
+    # grpo's own default group size (8) does not divide a batch of 12; ppo's (1) does
+    ({"algorithm": {"grid": ["ppo", "grpo"]}, "ppo.batch_size": {"grid": [16, 12]}},
+     "space.algorithm: 'grpo' with space.ppo.batch_size: 12 does not make a valid job"),
+])
+def test_an_invalid_algorithm_combination_is_refused_naming_the_fields(space, expected):
+    from sweeps.spec import check_against_job, parse_spec
+
+    with pytest.raises(BadInput) as err:
+        check_against_job(parse_spec({**GOOD, "space": space}), REPO)
+    line = str(err.value)
+    assert line.startswith(expected) and "\n" not in line, line

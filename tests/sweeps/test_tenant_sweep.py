@@ -99,24 +99,55 @@ def test_rlhfops_sweep_exits_2_on_a_bad_tenant_ref_before_anything_starts(tmp_pa
     assert not (tmp_path / "sweep").exists()
 
 
+#: what the two trials vary: the actor's learning rate (both PPO, the config's), or the algorithm itself (PPO against
+#: critic-free GRPO, 2 completions per prompt fixed for both)
+SEARCHES = {"actor_lr": ("ppo.actor_lr", [5e-4, 1e-3], {}),
+            "algorithm": ("algorithm", ["grpo", "ppo"], {"ppo.group_size": 2})}
+
+
 @pytest.mark.timeout(300)
-def test_a_two_trial_sweep_trains_the_tenants_dataset_job(tmp_path, mlflow_store):
+@pytest.mark.parametrize("search", list(SEARCHES))
+def test_a_two_trial_sweep_trains_the_tenants_dataset_job(search, tmp_path, mlflow_store):
+    from infra import tracking as T
     from tasks.sweep import prepare, run_sweep
 
-    path = _spec(tmp_path)
+    field, values, fixed = SEARCHES[search]
+    path = _spec(tmp_path, merge=False, overrides={"reward.ref": "my_reward.py:score", "steps": 4, **fixed},
+                 space={field: {"grid": values}})
     spec, ledger = prepare(str(path))
     summary = run_sweep(spec, ledger, prune=False, base_dir=path.parent)
     assert summary["trials_failed"] == 0, summary
     import optuna
 
     study = optuna.load_study(study_name="mine", storage=spec.storage_url)
-    assert sorted(t.params["ppo.actor_lr"] for t in study.trials) == [5e-4, 1e-3]
+    assert sorted(t.params[field] for t in study.trials) == values
     assert all(t.state.name == "COMPLETE" for t in study.trials)
     # the tenant's function scored both trials' samples (its rows.json oracle raises on a misaligned row): its
     # processes' CPU seconds were charged to the tenant, trial by trial
     charges = ledger.frame()
     fn = charges[charges.phase == "reward_fn"] if "phase" in charges else charges
     assert len(set(fn.run_id)) == 2 and (fn.tenant == "globex").all(), charges
+    # every trial's run says which algorithm it trained, varied or not (tag and params), and so does its ledger row
+    runs = T.client().search_runs([T.experiment_id("tenant-sweep")], f"tags.`{T.KIND_TAG}` = 'sweep-trial'")
+    trained = {r.info.run_id: r.data.params["algorithm"] for r in runs}
+    assert sorted(trained.values()) == (values if field == "algorithm" else ["ppo", "ppo"])
+    assert all(r.data.tags["algorithm"] == trained[r.info.run_id] for r in runs)
+    assert {r.data.params["ppo.group_size"] for r in runs} == {"2" if fixed else "1"}
+    assert charges.set_index("run_id")["algorithm"].to_dict() == trained
+
+
+def test_the_shipped_grpo_sweep_is_valid(monkeypatch):
+    """configs/sweeps/grpo-arith.yaml: PPO against GRPO and GRPO's group size on the shipped dataset config; the
+    check tried every pair, and each cell of the grid makes the job it says."""
+    from sweeps.spec import trial_config
+    from tasks.sweep import prepare
+
+    monkeypatch.chdir(ROOT)
+    spec, _ = prepare("configs/sweeps/grpo-arith.yaml")
+    assert spec.base == "configs/grpo-arith.yaml" and spec.grid_size() == spec.trials == 4
+    for algorithm in ("ppo", "grpo"):
+        cfg = trial_config(spec, {"algorithm": algorithm, "ppo.group_size": 8})
+        assert (cfg.algorithm, cfg.ppo.group_size, cfg.ppo.batch_size, cfg.steps) == (algorithm, 8, 32, 20)
 
 
 def test_the_shipped_dataset_sweep_is_valid(monkeypatch):
