@@ -266,7 +266,9 @@ def load_spec(path: str | Path, trials: int | None = None) -> SweepSpec:
 
     spec = load_config(SweepSpec, path, {"trials": trials} if trials is not None else None, field="spec")
     check_against_job(spec, base_dir=Path(path).resolve().parent)
-    return spec
+    # the base as found here: a path relative to the spec's folder reaches every trial (the CLI, the flow and the
+    # runner take the spec, not its folder)
+    return spec.model_copy(update={"base": resolve_base(spec, Path(path).resolve().parent)})
 
 
 def resolve_base(spec: SweepSpec, base_dir: Path | None = None) -> str | dict[str, Any]:

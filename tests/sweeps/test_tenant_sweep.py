@@ -158,3 +158,15 @@ def test_the_shipped_dataset_sweep_is_valid(monkeypatch):
     spec, _ = prepare("configs/sweeps/arith.yaml")  # what `rlhfops sweep` checks before it starts
     assert spec.base == "configs/ppo-arith.yaml" and spec.overrides["reward.ref"] == "gsm8k:flexible_extract"
     assert set(spec.space) == {"ppo.actor_lr", "ppo.kl_coef"}
+
+
+def test_a_loaded_spec_carries_its_base_found_beside_it(tmp_path, monkeypatch):
+    """`rlhfops sweep` and the sweep flow hand the runner the loaded spec, not its folder: before, a base relative to
+    the spec's folder passed the check and then every trial failed "config: file 'job.yaml' not found"."""
+    from sweeps.spec import load_spec, trial_config
+
+    monkeypatch.chdir(tmp_path)  # not the spec's folder
+    path = _spec(tmp_path)
+    spec = load_spec(path)
+    assert Path(spec.base) == path.parent / "job.yaml"
+    assert trial_config(spec, {"ppo.actor_lr": 5e-4}).ppo.actor_lr == 5e-4  # no base_dir given: found all the same
