@@ -59,11 +59,20 @@ def _smooth(x: list[float], w: int) -> np.ndarray:
 
 @dataclass
 class Variant:
-    """One column of the bench: an overlap mode plus config overrides (dotted keys), under a label."""
+    """One column of the bench: an overlap mode plus config overrides (dotted keys), under a label; `config`, when
+    given, replaces the bench's config for this column (another algorithm on the same task, measured against the
+    reference column's targets)."""
 
     label: str
     overlap: str
     overrides: dict = field(default_factory=dict)
+    config: TrainConfig | None = None
+
+
+def config_variants(cfg: TrainConfig, modes: tuple[str, ...] = ("none", "full")) -> tuple[Variant, ...]:
+    """Columns of another config (e.g. configs/grpo-bench.yaml beside configs/ppo-bench.yaml), labelled
+    `<algorithm>/<mode>`: run with the bench's seeds and judged against the reference column's targets."""
+    return tuple(Variant(f"{cfg.algorithm}/{m}", m, config=cfg) for m in modes)
 
 
 DEFAULT_VARIANTS = tuple(Variant(m, m) for m in OVERLAPS)
@@ -165,13 +174,14 @@ def bench_oppo(cfg: TrainConfig, steps: int, smooth: int = 8, target_frac: float
     runs: list[_Run] = []
     for seed in seeds:
         for v in variants:
-            tr = Trainer(_config_for(cfg, seed, v.overrides), v.overlap, out_dir=None, resume=False)
+            tr = Trainer(_config_for(v.config or cfg, seed, v.overrides), v.overlap, out_dir=None, resume=False)
             if slow_intra_s > 0 and v.label == "intra":
                 tr.engine = _SlowDecode(tr.engine, slow_intra_s)
             runs.append(_Run(v, seed, tr))
     # intra trains on the same samples as sequential with the same overrides: it reuses sequential's gate scores
     twins = {id(r): next((t for t in runs if t.seed == r.seed and t.variant.overlap == "none"
-                          and t.variant.overrides == r.variant.overrides), None)
+                          and t.variant.overrides == r.variant.overrides and t.variant.config is r.variant.config),
+                         None)
              for r in runs if r.variant.overlap == "intra" and slow_intra_s == 0}
     gated = sorted(runs, key=lambda r: id(r) in twins)  # twins' sources first
 
@@ -234,7 +244,8 @@ def bench_oppo(cfg: TrainConfig, steps: int, smooth: int = 8, target_frac: float
         "speedup_gold": {k: v["median"] for k, v in ratios["speedup_gold"].items()},
         "step_time_speedup": {k: v["median"] for k, v in ratios["step_time_speedup"].items()},
         "final_gold_gap": gap,
-        "reference": ref, "variants": [{"label": v.label, "overlap": v.overlap, "overrides": v.overrides}
+        "reference": ref, "variants": [{"label": v.label, "overlap": v.overlap, "overrides": v.overrides,
+                                        **({"config": v.config.model_dump(mode="json")} if v.config else {})}
                                        for v in variants],
         "seeds": list(seeds), "target_frac": target_frac, "smooth_window": smooth, "gate_every": gate_every,
         "steps": steps, "slow_intra_s": slow_intra_s, "load": load,

@@ -5,7 +5,8 @@ timeout still leaves what was measured. Each part is bounded by the budget (`--b
 - `small_shape` first (30% of the budget): configs/ppo-tiny.yaml's models with the real shape's length tail scaled
   to a 128-token cap (lognormal, the same share at the cap); two calibration steps of the sequential mode size the
   run (up to 30 steps) to its share; then the four modes round-robin through `training.bench.bench_oppo` (one
-  seed): time to held-out gold, final held-out gold and its SE over prompts, the gold speedups;
+  seed), with GRPO's sequential and full runs beside them (modes `grpo/none`, `grpo/full`: G=4, no critic, against
+  sequential PPO's target): time to held-out gold, final held-out gold and its SE over prompts, the gold speedups;
 - `real_shape` (the rest): configs/ppo-qwen2-0.5b.yaml. The warm starts (tokenizer, base policy, proxy reward
   model, cached in a temporary folder), the decode latency of the project's engine against the number of active
   rows (after a 512-token prefill, as the anchor), then per mode (sequential first, full overlap next: the pair the
@@ -126,13 +127,20 @@ def decode_ms_by_rows(model, pad_id: int, vocab: int, rows=DECODE_ROWS, context:
 def small_shape(check: Check, device: str, dry: bool, max_steps: int, gate_every: int, budget_s: float) -> None:
     """Time to held-out gold of the four modes at the small shape, as `bench oppo` measures it; as many steps (up to
     `max_steps`) as fit `budget_s` at the step time of two calibration steps of the sequential mode."""
-    from training.bench import bench_oppo
+    from training.bench import DEFAULT_VARIANTS, bench_oppo, config_variants
     from training.config import resolve_config
     from training.trainer import Trainer
 
     over = {**SMALL_OVERRIDES, **(DRY_SMALL if dry else {}), "device": device, "dtype": "float32",
             "cache_dir": check.cache_dir}
     cfg = resolve_config(SMALL_CONFIG, over)
+    # the GRPO row: the same task and batch, G completions per prompt, no critic, judged against sequential PPO's
+    # target (modes "grpo/none" and "grpo/full"); Delta counts groups
+    group = 2 if dry else 4
+    grpo = resolve_config(SMALL_CONFIG, {**over, "algorithm": "grpo", "ppo.group_size": group,
+                                         "oppo.delta_init": max(1, cfg.oppo.delta_init // group),
+                                         "oppo.delta_max": max(1, cfg.oppo.delta_max // group)})
+    variants = DEFAULT_VARIANTS + config_variants(grpo)
     check.say("small shape: warm starts and two calibration steps")
     t = time.perf_counter()
     probe = Trainer(cfg, "none", out_dir=None, resume=False)
@@ -142,15 +150,17 @@ def small_shape(check: Check, device: str, dry: bool, max_steps: int, gate_every
         probe.train_step()
     step_s = (time.perf_counter() - t) / 2
     del probe
-    # 4 modes a step, a quarter more for the gates; the bench builds its four trainers from the cached warm starts
-    steps = max(2, min(max_steps, int((budget_s - warm - 4 * warm / 10) / (4 * 1.25 * step_s))))
+    # 6 runs a step (a GRPO step costs about a PPO one: no critic, its groups as many rows), a quarter more for the
+    # gates; the bench builds its trainers from the cached warm starts
+    n = len(variants)
+    steps = max(2, min(max_steps, int((budget_s - warm - n * warm / 10) / (n * 1.25 * step_s))))
     check.say(f"small shape: warm starts {warm:.1f} s, {step_s:.2f} s a sequential step -> {steps} steps")
     part = check.data["small_shape"] = {"config": cfg.model_dump(mode="json"), "steps": steps,
                                         "gate_every": gate_every, "calibration_step_s": step_s, "modes": {},
                                         "speedup_gold": {}}
-    check.say(f"small shape: {steps} steps x 4 modes round-robin, gold gate every {gate_every}")
+    check.say(f"small shape: {steps} steps x {n} runs round-robin, gold gate every {gate_every}")
     t = time.perf_counter()
-    res = bench_oppo(cfg, steps, smooth=min(5, steps), seeds=(cfg.seed,), gate_every=gate_every,
+    res = bench_oppo(cfg, steps, smooth=min(5, steps), seeds=(cfg.seed,), gate_every=gate_every, variants=variants,
                      progress=lambda i, n: check.say(f"small shape step {i}/{n}") if i % 5 == 0 or i == n else None)
     for mode, m in res["modes"].items():
         seed_row = res["per_seed"][mode][0]

@@ -33,6 +33,10 @@ def register_bench(bench_app: typer.Typer) -> None:
         threads: int = typer.Option(0, "--threads",
                                     help="also run sequential and inter with this many torch threads beside the "
                                          "config's (the thread-count check of docs/oppo.md)"),
+        also_config: Path = typer.Option(None, "--also-config",
+                                         help="a second config on the same task (e.g. configs/grpo-bench.yaml): its "
+                                              "sequential and full-overlap runs join the bench, judged against this "
+                                              "config's sequential targets (GRPO against PPO to the same target)"),
         slow_intra: float = typer.Option(0.0, "--slow-intra", hidden=True,
                                          help="demonstration fault: the intra mode sleeps this many seconds per "
                                               "decoded chunk (shows the --baseline check flagging a slowed path)"),
@@ -66,6 +70,10 @@ def register_bench(bench_app: typer.Typer) -> None:
             check_out_file(out.with_suffix(".png"), "out (its .png plot)")
         overrides = {k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None}
         cfg = load_config(config, overrides or None)
+        other = load_config(also_config, overrides or None) if also_config is not None else None
+        if other is not None and other.task != cfg.task:
+            raise BadInput(f"--also-config: '{also_config}' trains another task than '{config}' (its `task` differs): "
+                           "a target is only shared on the same task")
         check_named_cuda(cfg.device, "--device" if device else "device")  # before any model is built
         settings = bench_settings(cfg, quick, steps=steps, seeds=seeds, gate_every=gate_every,
                                   target_frac=target_frac)
@@ -75,6 +83,7 @@ def register_bench(bench_app: typer.Typer) -> None:
             DEFAULT_VARIANTS,
             Variant,
             ablation_variants,
+            config_variants,
             format_mean_se,
             format_ratio,
             regression_check,
@@ -85,6 +94,8 @@ def register_bench(bench_app: typer.Typer) -> None:
         if threads:
             variants = variants + tuple(Variant(f"{mode}-{threads}threads", mode, {"oppo.torch_threads": threads})
                                         for mode in ("none", "inter"))
+        if other is not None:
+            variants = variants + config_variants(other)
         console = make_console()
         what = f"steps ({len(variants)} variants x {seeds} seeds, round-robin)"
         with progress(console, what, total=n_steps) as shown:

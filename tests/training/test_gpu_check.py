@@ -43,9 +43,9 @@ def test_dry_run_writes_every_key(tmp_path):
 
     small = d["small_shape"]
     assert small["config"]["ppo"]["max_new_tokens"] == 12 and small["config"]["task"]["length_dist"] == "lognormal"
-    assert set(small["modes"]) == set(MODES)
+    assert set(small["modes"]) == set(MODES) | {"grpo/none", "grpo/full"}  # the GRPO row beside PPO's modes
     for m in small["modes"].values():
         assert _finite(m["final_gold_heldout"]) and _finite(m["final_gold_heldout_se"])
         assert m["time_to_gold_s"] is None or _finite(m["time_to_gold_s"])  # null: the target was not reached
-    assert set(small["speedup_gold"]) == {"intra", "inter", "full"}
+    assert set(small["speedup_gold"]) == {"intra", "inter", "full", "grpo/none", "grpo/full"}
     assert all(v is None or _finite(v) for v in small["speedup_gold"].values())

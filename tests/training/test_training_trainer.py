@@ -163,6 +163,22 @@ def test_bench_reports_every_mode_and_ratio(cache, tmp_path):
     assert (tmp_path / "b.png").stat().st_size > 0
 
 
+def test_bench_runs_another_algorithm_against_the_reference_targets(cache):
+    """`bench oppo --also-config`: GRPO's sequential and full columns beside PPO's modes, judged against sequential
+    PPO's targets, GRPO's columns training their own config."""
+    from training.bench import DEFAULT_VARIANTS, bench_oppo, config_variants
+
+    grpo = tiny(cache, algorithm="grpo", ppo={"group_size": 2})
+    res = bench_oppo(tiny(cache), steps=6, smooth=2, target_frac=0.3,
+                     variants=DEFAULT_VARIANTS + config_variants(grpo))
+    assert list(res["modes"]) == ["none", "intra", "inter", "full", "grpo/none", "grpo/full"]
+    ppo_target = res["per_seed"]["none"][0]["target_gold"]
+    assert all(res["per_seed"][m][0]["target_gold"] == ppo_target for m in ("grpo/none", "grpo/full"))
+    assert res["modes"]["intra"]["reward_curve"] == pytest.approx(res["modes"]["none"]["reward_curve"], abs=1e-4)
+    assert res["modes"]["grpo/none"]["reward_curve"] != pytest.approx(res["modes"]["none"]["reward_curve"], abs=1e-4)
+    assert res["variants"][4]["config"]["algorithm"] == "grpo" and "config" not in res["variants"][0]
+
+
 def test_model_name_or_path_trains_from_a_local_checkpoint(cache, tmp_path):
     list(train(tiny(cache), overlap="none", out_dir=tmp_path / "a", steps=2))
     path = str(latest_checkpoint(tmp_path / "a") / "actor")
