@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
                 trainer = Trainer(spec.config, spec.overlap, spec.out_dir, resume=not fresh,
                                   progress=lambda m: console.print(f"[dim]{m}[/dim]"))
                 seen["first"] = trainer.step
-                progress.stage(f"PPO {spec.overlap}", total=total)
+                progress.stage(f"{spec.config.algorithm.upper()} {spec.overlap}", total=total)
                 progress.update(trainer.step)  # a resumed run starts where its checkpoint is
                 return trainer
 
@@ -127,10 +127,12 @@ def register(app: typer.Typer) -> None:
             console.print(f"nothing to do: {out} already holds step {first} of {total}")
             return
         paged = sorted({e.alert for e in supervisor.events if e.severity == "paging"})
+        # no gate ran (fewer steps than eval_every): say so rather than print the -inf the search starts from
+        gold = (f"best gold {best_gold[0]:+.3f} @ step {best_gold[1]}" if best_gold[1] > 0 else
+                f"no gate yet (every {spec.config.eval_every} steps)")
         console.print(
-            f"[bold]{spec.overlap}[/bold] steps {first + 1}-{last.step} in {last.wall_s:.1f}s train wall | "
-            f"final reward {last.reward_mean:+.3f} | best gold {best_gold[0]:+.3f} @ step {best_gold[1]} | "
-            f"run dir {out}"
+            f"[bold]{spec.config.algorithm} {spec.overlap}[/bold] steps {first + 1}-{last.step} in {last.wall_s:.1f}s "
+            f"train wall | final reward {last.reward_mean:+.3f} | {gold} | run dir {out}"
         )
         if paged:
             console.print(f"alerts paged: {', '.join(paged)} (run state {outcome.status.label})")
