@@ -462,6 +462,19 @@ def plot_bench(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def load_lines(result: dict) -> list[str]:
+    """What the machine's load was while a bench ran, as the lines `rlhfops bench oppo` prints."""
+    ld = result["load"]
+    out = [f"load average (1 min) while it ran: before {ld['before_1m']:.2f}, after {ld['after_1m']:.2f}, "
+           f"min {ld['min_1m']:.2f}, max {ld['max_1m']:.2f}, mean {ld['mean_1m']:.2f} on {ld['cpus']} CPUs; "
+           f"bench wall {result['bench_wall_s']:.0f} s"]
+    if "nice" in ld:
+        group = {True: "on: nice orders processes only within a session",
+                 False: "off: nice orders every process", None: "unknown"}[ld.get("autogroup")]
+        out.append(f"this process ran at nice {ld['nice']}; kernel autogroup {group}")
+    return out
+
+
 def format_mean_se(m: dict, key: str, digits: int = 1, seeds_word: str = "") -> str:
     """A mode's figure as `mean ± SE` over seeds; "not reached" when no seed reached it, and `(k/n)` (plus
     `seeds_word`) when only k of the n seeds did."""

@@ -21,6 +21,15 @@ def bench_settings(cfg: Any, quick: bool, steps: int | None = None, seeds: int =
             "config": cfg.model_dump(mode="json")}
 
 
+def same_task(other: Any, cfg: Any, field: str) -> Any:
+    """`other` (a TrainConfig) when it trains `cfg`'s task, so a target set on one holds for the other; BadInput
+    naming `field` otherwise."""
+    if other.task != cfg.task:
+        raise BadInput(f"{field}: that config trains another task (its `task` differs from the bench config's): a "
+                       "target is only shared on the same task")
+    return other
+
+
 def comparable(result_settings: dict, baseline: dict) -> str | None:
     """Why a baseline cannot be compared with a run of these settings (None: it can)."""
     for key in ("steps", "seeds", "target_frac", "smooth_window", "gate_every"):

@@ -33,10 +33,8 @@ def register_bench(bench_app: typer.Typer) -> None:
         threads: int = typer.Option(0, "--threads",
                                     help="also run sequential and inter with this many torch threads beside the "
                                          "config's (the thread-count check of docs/oppo.md)"),
-        also_config: Path = typer.Option(None, "--also-config",
-                                         help="a second config on the same task (e.g. configs/grpo-bench.yaml): its "
-                                              "sequential and full-overlap runs join the bench, judged against this "
-                                              "config's sequential targets (GRPO against PPO to the same target)"),
+        also_config: Path = typer.Option(None, "--also-config", help="a config on the same task (e.g. GRPO's): its "
+                                         "sequential and full runs against this config's targets"),
         slow_intra: float = typer.Option(0.0, "--slow-intra", hidden=True,
                                          help="demonstration fault: the intra mode sleeps this many seconds per "
                                               "decoded chunk (shows the --baseline check flagging a slowed path)"),
@@ -47,7 +45,7 @@ def register_bench(bench_app: typer.Typer) -> None:
 
         from common.validate import check_out_file
         from rlhfops.console import make_console, progress
-        from training.bench_baseline import bench_settings, read_baseline
+        from training.bench_baseline import bench_settings, read_baseline, same_task
         from training.config import load_config
         from training.device import check_named_cuda
 
@@ -70,10 +68,7 @@ def register_bench(bench_app: typer.Typer) -> None:
             check_out_file(out.with_suffix(".png"), "out (its .png plot)")
         overrides = {k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None}
         cfg = load_config(config, overrides or None)
-        other = load_config(also_config, overrides or None) if also_config is not None else None
-        if other is not None and other.task != cfg.task:
-            raise BadInput(f"--also-config: '{also_config}' trains another task than '{config}' (its `task` differs): "
-                           "a target is only shared on the same task")
+        other = also_config and same_task(load_config(also_config, overrides or None), cfg, "--also-config")
         check_named_cuda(cfg.device, "--device" if device else "device")  # before any model is built
         settings = bench_settings(cfg, quick, steps=steps, seeds=seeds, gate_every=gate_every,
                                   target_frac=target_frac)
@@ -86,6 +81,7 @@ def register_bench(bench_app: typer.Typer) -> None:
             config_variants,
             format_mean_se,
             format_ratio,
+            load_lines,
             regression_check,
         )
 
@@ -94,7 +90,7 @@ def register_bench(bench_app: typer.Typer) -> None:
         if threads:
             variants = variants + tuple(Variant(f"{mode}-{threads}threads", mode, {"oppo.torch_threads": threads})
                                         for mode in ("none", "inter"))
-        if other is not None:
+        if other:
             variants = variants + config_variants(other)
         console = make_console()
         what = f"steps ({len(variants)} variants x {seeds} seeds, round-robin)"
@@ -121,14 +117,8 @@ def register_bench(bench_app: typer.Typer) -> None:
                 f"{share['rollout']:.0%}/{share['score']:.0%}/{share['optim']:.0%}",
             )
         console.print(table)
-        ld = result["load"]
-        console.print(f"load average (1 min) while it ran: before {ld['before_1m']:.2f}, after {ld['after_1m']:.2f}, "
-                      f"min {ld['min_1m']:.2f}, max {ld['max_1m']:.2f}, mean {ld['mean_1m']:.2f} on {ld['cpus']} CPUs; "
-                      f"bench wall {result['bench_wall_s']:.0f} s")
-        if "nice" in ld:
-            group = {True: "on: nice orders processes only within a session",
-                     False: "off: nice orders every process", None: "unknown"}[ld.get("autogroup")]
-            console.print(f"this process ran at nice {ld['nice']}; kernel autogroup {group}")
+        for line in load_lines(result):
+            console.print(line)
         for label, g in result["final_gold_gap"].items():
             se = f" ± {g['se']:.3f}" if g["se"] is not None else ""
             console.print(f"final held-out gold {label} - {ref}: {g['mean']:+.3f}{se} (paired by seed)")
