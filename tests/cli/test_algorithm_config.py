@@ -12,9 +12,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
 from cli_helpers import WorkStarted, run_cli
 
+from tests.cli.test_bad_input import ppo_yaml
 from training.config import TrainConfig, resolve_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,15 +41,7 @@ def scratch(tmp_path, monkeypatch):
 def tiny_yaml(d: Path, changes: dict, name: str = "c.yaml") -> str:
     """configs/ppo-tiny.yaml (batch_size 16, kl_coef 0.2, num_ppo_epochs 2) with dotted `changes`, written to
     d/name."""
-    raw = yaml.safe_load((REPO / "configs" / "ppo-tiny.yaml").read_text())
-    for dotted, value in changes.items():
-        node = raw
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    (d / name).write_text(yaml.safe_dump(raw))
-    return name
+    return ppo_yaml(d, name, changes)
 
 
 # (case id, dotted changes to ppo-tiny.yaml, substrings the one stderr line must contain)

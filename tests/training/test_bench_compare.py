@@ -117,3 +117,16 @@ def test_the_committed_baseline_compares_with_todays_config_and_not_with_a_gpu_r
         other = cfg.model_copy(update=change)
         with pytest.raises(BadInput, match=rf"its training config has {named} = "):
             read_baseline(baseline, bench_settings(other, quick=True), "--baseline")
+
+
+def test_also_config_must_train_the_same_task():
+    """`bench oppo --also-config`: a second algorithm is judged against the first's targets only on the same task."""
+    from common.errors import BadInput
+    from training.bench_baseline import same_task
+    from training.config import TrainConfig
+
+    ppo = TrainConfig()
+    grpo = TrainConfig(algorithm="grpo")
+    assert same_task(grpo, ppo, "--also-config") is grpo
+    with pytest.raises(BadInput, match="--also-config: that config trains another task"):
+        same_task(TrainConfig(algorithm="grpo", task={"n_pairs": 64}), ppo, "--also-config")
