@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from eval.detector_base import NAN, Checkpoint, Detector, Monitor
-from eval.health.kernels import CHUNK_RUNS, _as_arrays, _lengths
+from eval.health.kernels import CHUNK_RUNS, _as_arrays, _first_true, _lengths, _runs_of
 
 
 @dataclass(slots=True)
@@ -174,6 +174,51 @@ class _AlertMonitor(Monitor):
 
     def _observe(self, cp: Checkpoint) -> bool:  # pragma: no cover - interface
         raise NotImplementedError
+
+
+# --------------------------------------------------------------------------- a bar held for `persist` steps
+class PersistentBreach(HealthAlert):
+    """An alert on one signal (`needs[0]`) that fires once the signal breaches the alert's bar (`breached`) for
+    `persist` consecutive steps (sync_stall, low_ess, flat_groups). A step without the figure (NaN) never breaches,
+    so it breaks the run of breaching steps. Subclasses set `persist` and say what breaching is and how to put it."""
+
+    window_params: ClassVar[tuple[str, ...]] = ()
+    persist: int
+
+    @property
+    def w(self) -> int:
+        return 1
+
+    def breached(self, value: Any) -> Any:
+        """Whether `value` (a float, or a numpy array of them) is past the bar; False for NaN."""
+        raise NotImplementedError
+
+    def describe(self, value: float) -> str:
+        """The monitor's `detail` when the alert fires at `value`."""
+        raise NotImplementedError
+
+    def start(self) -> Monitor:
+        return _BreachMonitor(self)
+
+    def _scan(self, s: dict[str, np.ndarray], n_runs: int, n_steps: int) -> np.ndarray:
+        return _first_true(_runs_of(self.breached(s[self.needs[0]]), self.persist))
+
+
+class _BreachMonitor(_AlertMonitor):
+    __slots__ = ("count",)
+
+    def __init__(self, alert: PersistentBreach):
+        super().__init__(alert)
+        self.count = 0
+
+    def _observe(self, cp: Checkpoint) -> bool:
+        a: PersistentBreach = self.alert  # type: ignore[assignment]
+        value = getattr(cp, a.needs[0], NAN)
+        self.count = self.count + 1 if a.breached(value) else 0
+        if self.count >= a.persist:
+            self.detail = a.describe(value)
+            return True
+        return False
 
 
 # --------------------------------------------------------------------------- band monitor (alerts 1 and 6)

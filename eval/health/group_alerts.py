@@ -13,12 +13,12 @@ from __future__ import annotations
 import numpy as np
 
 from eval.detector_base import NAN, Monitor
-from eval.health.base import HealthAlert, _AlertMonitor
+from eval.health.base import HealthAlert, PersistentBreach, _AlertMonitor
 from eval.health.kernels import _first_true, _fmt, _runs_of
 
 
 # --------------------------------------------------------------------------- 11. flat groups
-class FlatGroups(HealthAlert):
+class FlatGroups(PersistentBreach):
     """The share of the step's groups whose rewards are all equal stays above `max_flat` for `persist` consecutive
     steps: more than nine prompts in ten give their completions identical rewards (all solved, all failed, or a
     constant reward), so the update rests on under a tenth of the batch while the whole batch is paid for. DAPO
@@ -35,42 +35,18 @@ class FlatGroups(HealthAlert):
         "or all failed); filter or resample flat groups (DAPO dynamic sampling), raise ppo.group_size, or move to "
         "harder / easier prompts"
     )
-    window_params = ()
 
     def __init__(self, max_flat: float = 0.9, persist: int = 5):
         if not 0.0 <= max_flat < 1.0 or persist < 1:
             raise ValueError("flat_groups: need 0 <= max_flat < 1, persist >= 1")
         self.max_flat, self.persist = float(max_flat), int(persist)
 
-    @property
-    def w(self) -> int:
-        return 1
+    def breached(self, flat):
+        return flat > self.max_flat
 
-    def start(self) -> Monitor:
-        return _FlatMonitor(self)
-
-    def _scan(self, s, n_runs, n_steps):
-        return _first_true(_runs_of(s["group_flat_frac"] > self.max_flat, self.persist))
-
-
-class _FlatMonitor(_AlertMonitor):
-    __slots__ = ("count",)
-
-    def __init__(self, alert):
-        super().__init__(alert)
-        self.count = 0
-
-    def _observe(self, cp):
-        a: FlatGroups = self.alert  # type: ignore[assignment]
-        flat = getattr(cp, "group_flat_frac", NAN)
-        self.count = self.count + 1 if flat > a.max_flat else 0
-        if self.count >= a.persist:
-            self.detail = (
-                f"{_fmt(100.0 * flat)}% of the groups have all-equal rewards (> {100.0 * a.max_flat:g}%) "
-                f"for {a.persist} steps"
-            )
-            return True
-        return False
+    def describe(self, flat: float) -> str:
+        return (f"{_fmt(100.0 * flat)}% of the groups have all-equal rewards (> {100.0 * self.max_flat:g}%) "
+                f"for {self.persist} steps")
 
 
 # --------------------------------------------------------------------------- 12. group spread collapse

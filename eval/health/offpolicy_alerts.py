@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from eval.detector_base import NAN, Monitor
-from eval.health.base import HealthAlert, _AlertMonitor
-from eval.health.kernels import _blocks, _first_true, _fmt, _mean_var, _runs_of
+from eval.health.base import HealthAlert, PersistentBreach, _AlertMonitor
+from eval.health.kernels import _blocks, _first_true, _fmt, _mean_var
 
 
 # --------------------------------------------------------------------------- 9. low effective sample size
-class LowESS(HealthAlert):
+class LowESS(PersistentBreach):
     """The normalised effective sample size of the per-token importance weights pi_prox/pi_behav,
     (sum w)^2 / (n sum w^2), stays below `min_ess` for `persist` consecutive steps: the trained tokens were
     sampled by a policy far from the one being trained (stale carried tokens, a broken weight sync, an
@@ -30,39 +30,17 @@ class LowESS(HealthAlert):
         "check the staleness distribution and oppo.max_staleness, the weight sync, and whether the rollout engine "
         "samples with the trainer's settings (temperature, precision)"
     )
-    window_params = ()
 
     def __init__(self, min_ess: float = 0.3, persist: int = 3):
         if not 0.0 < min_ess <= 1.0 or persist < 1:
             raise ValueError("low_ess: need 0 < min_ess <= 1, persist >= 1")
         self.min_ess, self.persist = float(min_ess), int(persist)
 
-    @property
-    def w(self) -> int:
-        return 1
+    def breached(self, ess):
+        return ess < self.min_ess
 
-    def start(self) -> Monitor:
-        return _ESSMonitor(self)
-
-    def _scan(self, s, n_runs, n_steps):
-        return _first_true(_runs_of(s["is_ess"] < self.min_ess, self.persist))
-
-
-class _ESSMonitor(_AlertMonitor):
-    __slots__ = ("count",)
-
-    def __init__(self, alert):
-        super().__init__(alert)
-        self.count = 0
-
-    def _observe(self, cp):
-        a: LowESS = self.alert  # type: ignore[assignment]
-        ess = getattr(cp, "is_ess", NAN)
-        self.count = self.count + 1 if ess < a.min_ess else 0
-        if self.count >= a.persist:
-            self.detail = f"importance-weight ESS {_fmt(ess)} < {a.min_ess:g} for {a.persist} steps"
-            return True
-        return False
+    def describe(self, ess: float) -> str:
+        return f"importance-weight ESS {_fmt(ess)} < {self.min_ess:g} for {self.persist} steps"
 
 
 # --------------------------------------------------------------------------- 10. carried-vs-fresh length drift

@@ -13,7 +13,7 @@ from dataclasses import fields
 import numpy as np
 
 from eval.detector_base import NAN, Monitor
-from eval.health.base import HealthAlert, _AlertMonitor, _BandMonitor
+from eval.health.base import HealthAlert, PersistentBreach, _AlertMonitor, _BandMonitor
 from eval.health.kernels import (
     _blocks,
     _first_true,
@@ -22,7 +22,6 @@ from eval.health.kernels import (
     _outside_prev,
     _quartiles,
     _rsum,
-    _runs_of,
     _Sums,
     _window_sums,
 )
@@ -327,7 +326,7 @@ class _DriftMonitor(_AlertMonitor):
 
 
 # --------------------------------------------------------------------------- 8. weight-sync stall
-class SyncStall(HealthAlert):
+class SyncStall(PersistentBreach):
     """Run mechanics, not algorithmic health (runbook layer 2): the policy-version lag of the tokens being
     trained stays above `max_lag` for `persist` consecutive steps, i.e. the rollout workers are not
     receiving new weights. A platform fault, never reported to the customer as an algorithmic alert."""
@@ -338,39 +337,14 @@ class SyncStall(HealthAlert):
     reason = "the platform stopped delivering updated weights to the rollout workers (a platform problem)"
     first_response = "check the weight-sync path (broadcast / checkpoint reload) and rollout-worker health"
     layer = "mechanics"
-    window_params = ()
 
     def __init__(self, max_lag: float = 4.0, persist: int = 5):
         if max_lag <= 0 or persist < 1:
             raise ValueError("sync_stall: need max_lag > 0, persist >= 1")
         self.max_lag, self.persist = float(max_lag), int(persist)
 
-    @property
-    def w(self) -> int:
-        return 1
+    def breached(self, lag):
+        return lag > self.max_lag
 
-    def start(self) -> Monitor:
-        return _SyncMonitor(self)
-
-    def _scan(self, s, n_runs, n_steps):
-        return _first_true(_runs_of(s["staleness"] > self.max_lag, self.persist))
-
-
-class _SyncMonitor(_AlertMonitor):
-    __slots__ = ("count",)
-
-    def __init__(self, alert):
-        super().__init__(alert)
-        self.count = 0
-
-    def _observe(self, cp):
-        a: SyncStall = self.alert  # type: ignore[assignment]
-        lag = getattr(cp, "staleness", NAN)
-        self.count = self.count + 1 if lag > a.max_lag else 0
-        if self.count >= a.persist:
-            self.detail = (
-                f"trained tokens lag the trainer by {_fmt(lag)} versions (> {a.max_lag:g}) "
-                f"for {a.persist} steps"
-            )
-            return True
-        return False
+    def describe(self, lag: float) -> str:
+        return f"trained tokens lag the trainer by {_fmt(lag)} versions (> {self.max_lag:g}) for {self.persist} steps"
