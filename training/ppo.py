@@ -75,10 +75,7 @@ def policy_loss(
     ratio = logratio.exp()
     pg1 = -advantages * ratio
     pg2 = -advantages * ratio.clamp(1.0 - clip, 1.0 + clip)
-    per_token = torch.maximum(pg1, pg2)
-    kl = k3_kl(logprobs, ref_logprobs, mask) if ref_logprobs is not None and kl_coef else None
-    if kl is not None:
-        per_token = per_token + kl_coef * kl
+    per_token, kl = _with_kl(torch.maximum(pg1, pg2), logprobs, ref_logprobs, mask, kl_coef)
     loss = masked_mean(per_token, mask)
     with torch.no_grad():
         stats = {
@@ -150,6 +147,18 @@ def group_stats(rewards: torch.Tensor, group_size: int) -> tuple[float, float]:
     if not flat:
         return float("nan"), float("nan")
     return float(sum(flat) / len(flat)), float(sum(spread) / len(spread))
+
+
+def _with_kl(
+    per_token: torch.Tensor, logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None, mask: torch.Tensor,
+    kl_coef: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A surrogate's per-token loss plus kl_coef times the k3 KL (the KL in the loss), and that KL; unchanged and None
+    when no KL is paid (no reference log-probs, or kl_coef 0)."""
+    if ref_logprobs is None or not kl_coef:
+        return per_token, None
+    kl = k3_kl(logprobs, ref_logprobs, mask)
+    return per_token + kl_coef * kl, kl
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -224,10 +233,7 @@ def corrected_policy_loss(
     pg1 = -advantages * ratio
     pg2 = -advantages * ratio.clamp(1.0 - clip, 1.0 + clip)
     weights = importance_weights(prox_logprobs, behav_logprobs, mask, cap, correction)
-    per_token = weights * torch.maximum(pg1, pg2)
-    kl = k3_kl(logprobs, ref_logprobs, mask) if ref_logprobs is not None and kl_coef else None
-    if kl is not None:
-        per_token = per_token + kl_coef * kl
+    per_token, kl = _with_kl(weights * torch.maximum(pg1, pg2), logprobs, ref_logprobs, mask, kl_coef)
     # token-level mean over the trained tokens, not over sum(w): weights of 1 give back `policy_loss`
     loss = masked_mean(per_token, mask)
     with torch.no_grad():

@@ -266,7 +266,8 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
 
     def _function_rewards(self, samples: list[Sample]) -> tuple[list[Sample], float, float]:
         """Score the step's finished samples with the reward function (in its processes): each sample's score is
-        what it returned; a sample it raised on or gave None has no reward and is left out of the update. More than
+        what it returned; a sample it raised on or gave None has no reward: under ppo it is left out of the update,
+        under grpo/rloo it stays in its group with advantage 0 (NaN score). More than
         `reward.max_error_frac` of the batch raising fails the job (TenantCodeError, a tenant code fault). Returns
         the samples kept, the call's wall seconds (the `reward_fn` phase) and the CPU seconds it used."""
         prompts = [s.seq.prompt for s in samples]

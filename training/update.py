@@ -95,8 +95,9 @@ class PPOUpdate:
 
         # the per-token tensors the loss reads, on the models' device (the statistics below read the CPU ones)
         dev = self.device
-        old_lp_d, prox_lp_d, behav_lp_d, adv_d, train_mask_d, ref_lp_d = (
-            t.to(dev) for t in (old_lp, prox_lp, behav_lp, adv, train_mask, ref_lp))
+        old_lp_d, prox_lp_d, behav_lp_d, adv_d, train_mask_d = (
+            t.to(dev) for t in (old_lp, prox_lp, behav_lp, adv, train_mask))
+        ref_lp_d = ref_lp.to(dev) if kl_in_loss else None  # only the KL in the loss reads it per micro-batch
         values_d, returns_d = values.to(dev), returns.to(dev)
         acc: dict[str, list[float]] = {k: [] for k in ("loss_policy", "loss_value", "clip_frac", "approx_kl",
                                                         "entropy", "grad_norm", "kl_loss")}
@@ -121,7 +122,7 @@ class PPOUpdate:
                         logits = self.actor(input_ids=ids, attention_mask=attn, position_ids=pos).logits
                     logits = logits[:, p_w - 1 : p_w - 1 + t_w].float() / cfg.temperature
                     lp = torch.log_softmax(logits, -1).gather(-1, ids[:, p_w:, None]).squeeze(-1)
-                    ref_mb = ref_lp_d[micro, :t_w] if kl_in_loss else None
+                    ref_mb = ref_lp_d[micro, :t_w] if ref_lp_d is not None else None
                     if correction == "none":
                         pg_loss, st = P.policy_loss(lp, old_lp_d[micro, :t_w], adv_d[micro, :t_w], tmask,
                                                     cfg.cliprange, ref_mb, kl_in_loss)
