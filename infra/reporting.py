@@ -67,8 +67,6 @@ def scheduler_table(root_id: str, all_runs: pd.DataFrame) -> pd.DataFrame:
 TENANT_METRICS = ["cost_usd", "gpu_hours", "steps", "tokens_generated", "best_eval"]
 #: the tenant table's keys: a tenant's PPO and GRPO jobs are compared each with its own kind, never summed together
 TENANT_KEYS = ["tenant", "algorithm"]
-#: what an earlier version's `ppo.advantage` param meant, as an algorithm (the field moved to the top level)
-_ADVANTAGE = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo"}
 
 
 def run_algorithm(runs: pd.DataFrame) -> pd.Series:
@@ -76,7 +74,10 @@ def run_algorithm(runs: pd.DataFrame) -> pd.Series:
     else its `algorithm` param (logged when the run opens, so a job that failed before its tags has it), else what an
     earlier version's `ppo.advantage` param says, else ppo (runs from before the algorithm existed trained PPO)."""
     out = pd.Series("", index=runs.index, dtype=object)
-    sources = ((f"tags.{ALGORITHM_TAG}", None), ("params.algorithm", None), ("params.ppo.advantage", _ADVANTAGE))
+    from training.config import ALGORITHM_OF_ADVANTAGE
+
+    sources = ((f"tags.{ALGORITHM_TAG}", None), ("params.algorithm", None),
+               ("params.ppo.advantage", ALGORITHM_OF_ADVANTAGE))
     for col, values in sources:
         if col not in runs:
             continue

@@ -58,7 +58,7 @@ def _as_run(config: dict) -> dict:
     the only device before there was one), so a CPU baseline compares with a CPU run and never with a GPU one."""
     from pydantic import ValidationError
 
-    from training.config import TrainConfig
+    from training.config import ALGORITHM_OF_ADVANTAGE, TrainConfig
     from training.device import cuda_absent_reason
 
     device = config.get("device")
@@ -66,8 +66,9 @@ def _as_run(config: dict) -> dict:
         # before `algorithm`: ppo.advantage named it, and ppo (gae) ignored group_size (one completion per prompt)
         ppo = dict(config["ppo"])
         was = ppo.pop("advantage", "gae")
-        config = {**config, "algorithm": "ppo" if was == "gae" else was, "ppo": ppo}
-        if was == "gae":
+        algorithm = ALGORITHM_OF_ADVANTAGE.get(was, was)
+        config = {**config, "algorithm": algorithm, "ppo": ppo}
+        if algorithm == "ppo":
             ppo["group_size"] = 1
     try:
         config = TrainConfig.model_validate(config).model_dump(mode="json")

@@ -304,6 +304,9 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
     "rloo": {"group_size": 2, "kl_coef": 0.05, "kl_in": "reward", "whiten_advantages": False, "num_ppo_epochs": 1},
 }
 ALGORITHMS = tuple(ALGORITHM_DEFAULTS)
+#: the algorithm an earlier version's `ppo.advantage` named (before the top-level `algorithm`): read from saved bench
+#: configs (training/bench_baseline.py) and old runs' MLflow params (infra/reporting.py)
+ALGORITHM_OF_ADVANTAGE = {"gae": "ppo", "grpo": "grpo", "rloo": "rloo"}
 
 
 def with_algorithm_defaults(ppo: PPOConfig, algorithm: str) -> PPOConfig:
