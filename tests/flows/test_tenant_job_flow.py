@@ -181,7 +181,7 @@ def test_the_nightly_job_stage_takes_a_dataset_config(tmp_path):
     req = nightly_job_request(24, {"ppo.batch_size": 8}, str(tmp_path), tmp_path, config=str(arith))
     cfg = req.checked().config
     assert (cfg.task.kind, cfg.reward.ref, cfg.steps, cfg.ppo.batch_size) == ("dataset", "gsm8k:flexible_extract",
-                                                                               400, 8)
+                                                                               150, 8)
     req = nightly_job_request(12, None, str(tmp_path), tmp_path, config=str(arith), steps_given=True)
     assert req.checked().config.steps == 12
     with pytest.raises(BadInput, match=r"^job_config: file 'nope.yaml' not found"):
