@@ -36,12 +36,13 @@ def _mean_se(x: list[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1) / math.sqrt(len(a))) if len(a) > 1 else math.nan
 
 
-def score_all(trainer: Any) -> list[float]:
-    """The job's gate on every held-out prompt, with the gate's fixed sampling seed (training/gate.py)."""
+def score_all(trainer: Any, config: Any = None) -> list[float]:
+    """The job's gate on every held-out prompt, with the gate's fixed sampling seed (training/gate.py); `config`
+    (default the trainer's) sets the sampling, e.g. a greedy copy (scripts/rl-gain-trace)."""
     from training.evaluation import gold_eval
     from training.gate import batch_seed
 
-    cfg, inputs = trainer.cfg, trainer.inputs
+    cfg, inputs = config or trainer.cfg, trainer.inputs
     rows = list(range(inputs.n_heldout))
     ev = gold_eval(trainer.actor, inputs.heldout_prompts(rows), cfg, tok=trainer.tok, seed=batch_seed(cfg.seed, 0),
                    prompt_ids=rows, inputs=inputs, scorer=trainer.heldout_scorer())
