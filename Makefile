@@ -55,7 +55,7 @@ mutation-report: install
 # The light dependencies the trainer's import path needs beyond torch and transformers (and what those bring: numpy,
 # pyyaml, tokenizers), as wheels for an offline GPU box running CPython 3.12 on x86-64: scripts/gpu-check installs
 # them into a temporary folder there. Never torch or transformers: the box's own are used. The list is what
-# importing training.trainer and training.gpu_check loads that torch and transformers do not (docs/oppo.md
+# importing training.trainer and training.benches.gpu_check loads that torch and transformers do not (docs/oppo.md
 # "GPU check"); versions are this venv's.
 WHEELHOUSE_PKGS := pydantic pydantic-core annotated-types typing-inspection typing-extensions
 WHEEL_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 \

@@ -149,7 +149,7 @@ def attribute(evidence: RunEvidence, tenant_error_rate: float = 0.01) -> Attribu
     exc = evidence.exception
     if exc is not None:
         if isinstance(exc, TenantCodeError) and getattr(exc, "examples", None) is not None:
-            # the platform's tenant-code pool (training/scorers.py) already said what the code did, in the
+            # the platform's tenant-code pool (training/inputs/scorers.py) already said what the code did, in the
             # runbook's words; its examples are the samples (prompt, completion, error, traceback tail)
             return Attribution(FailureClass.TENANT_CODE_FAULT, str(exc),
                                tuple(_example_text(e) for e in exc.examples))

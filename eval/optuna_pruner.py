@@ -70,7 +70,7 @@ def report_checkpoint(trial: optuna.Trial, step: int, score: float, *, se: float
     incumbent trial's scores on the same prompts. `planned_checkpoints`: how many checkpoints each series of the
     trial will report if it runs to the end (the pruner spends its error rate over them). `keep`: which checkpoint
     the trial keeps, "highest" or "lowest" score (default: the best in the study's direction); a sweep trial keeps its
-    highest held-out score in either direction (`training.lifecycle.best_of`) and says so, so that the value Optuna
+    highest held-out score in either direction (`training.job.lifecycle.best_of`) and says so, so that the value Optuna
     and every pruner see is the checkpoint the trial really keeps."""
     if keep not in (None, "highest", "lowest"):
         raise ValueError(f"keep must be 'highest' or 'lowest', got {keep!r}")

@@ -24,7 +24,7 @@ class RunSupervisor:
     the ledger and Prometheus metrics if given (duck-typed: `infra.ledger.Ledger`,
     `infra.metrics.PlatformMetrics`).
 
-        spec, sup = training.request.build(request)   # the one place a job's supervisor is made
+        spec, sup = training.job.request.build(request)   # the one place a job's supervisor is made
         sup.begin()
         for record in train(...):
             sup.observe(record)

@@ -14,7 +14,7 @@ from tasks.retry import backoff
 from tasks.timing import clock
 from tasks.tracking import parent_run
 from tasks.training import score_checkpoints
-from training.request import RunInternals, parse_internals
+from training.job.request import RunInternals, parse_internals
 
 
 def _resolve_checkpoint(checkpoint: str) -> Path:

@@ -40,7 +40,7 @@ from infra.reporting import nightly_report, report_markdown
 from scheduling.request import ExperimentRequest, plan_experiment, run_experiment
 from tasks.timing import StageTimes, clock
 from tasks.tracking import parent_run
-from training.request import JobInternals, parse_internals
+from training.job.request import JobInternals, parse_internals
 
 
 @task(name="canary", task_run_name="canary {name}", cache_policy=NO_CACHE)
@@ -48,7 +48,7 @@ def run_canary_task(name: str, steps: int, fault_at: int, cache_dir: str) -> dic
     """One fault-injection canary (a real small PPO run): the expected alert must fire and move the run
     state; the control must stay quiet."""
     from eval.health import Catalog
-    from training.canaries import CANARIES, run_canary
+    from training.benches.canaries import CANARIES, run_canary
 
     canary = {c.name: c for c in CANARIES}[name]
     catalog = Catalog.from_file(None, algorithm="ppo", profile="canary")
@@ -212,9 +212,9 @@ def stage_canaries(names: list[str], steps: int, fault_at: int, cache_dir: str, 
 
 def stage_bench(plan: BenchPlan, out: Path, res: NightlyResult, mlflow_experiment: str) -> dict[str, Any]:
     """7. The OPPO speed regression check (`rlhfops bench oppo --quick --baseline ...`: the same
-    `training.bench.regression_check`), its JSON and plot in OUT/bench-oppo.json|.png and on an MLflow run under the
-    nightly's, FAILED when a ratio regressed beyond its noise. Returns the summary the nightly shows."""
-    from training.bench import regression_check
+    `training.benches.oppo.regression_check`), its JSON and plot in OUT/bench-oppo.json|.png and on an MLflow run under
+    the nightly's, FAILED when a ratio regressed beyond its noise. Returns the summary the nightly shows."""
+    from training.benches.oppo import regression_check
 
     settings = plan.settings
     progress.reporter.stage(f"oppo bench: steps (4 modes x {len(settings['seeds'])} seeds, round-robin)",

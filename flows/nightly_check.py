@@ -15,7 +15,7 @@ from common.errors import BadInput
 
 QUICK_SEEDS = [42, 123]
 FULL_SEEDS = [42, 123, 456, 789, 1024]
-#: the nightly's RLHF job: the canaries' small healthy PPO job (training/canaries.py), with a
+#: the nightly's RLHF job: the canaries' small healthy PPO job (training/benches/canaries.py), with a
 #: checkpoint at every eval gate so the best gated checkpoint is the one kept
 NIGHTLY_JOB_STEPS = {True: 24, False: 60}
 #: the sweep stage's spec, and its trials in a quick nightly (the spec's own count otherwise)
@@ -30,7 +30,7 @@ STAGES = ("matrix", "detectors", "job", "canaries", "sweep", "platform", "bench"
 
 @dataclass(frozen=True)
 class BenchPlan:
-    """The bench stage's checked inputs: the PPO config, the settings (`training.bench_baseline.bench_settings`), the
+    """The bench stage's checked inputs: the PPO config, the settings (`training.benches.baseline.bench_settings`), the
     baseline to compare with (None: no comparison) and where it came from."""
 
     config: Any
@@ -130,8 +130,8 @@ def check_bench(config: str, baseline: str | None, steps: int | None, seeds: int
     them) on `config` with the nightly's warm-start cache, and the baseline JSON (relative: here, else in this
     checkout), which must have the same settings; empty `baseline`: no comparison."""
     from common.config import config_path
-    from training.bench_baseline import bench_settings, read_baseline
-    from training.config import load_config
+    from training.benches.baseline import bench_settings, read_baseline
+    from training.job.config import load_config
 
     if seeds is not None and seeds > 20:
         raise BadInput(f"bench_seeds: {seeds} must be at most 20")
@@ -151,7 +151,7 @@ def check_bench(config: str, baseline: str | None, steps: int | None, seeds: int
 
 def nightly_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
     """The nightly job's config: the canaries' small healthy PPO job with a gate and a checkpoint every 4 steps."""
-    from training.canaries import base_config
+    from training.benches.canaries import base_config
 
     raw = base_config(steps, 0, cache_dir)
     raw.update(name="nightly-ppo", eval_every=4, checkpoint_every=4)
@@ -160,12 +160,12 @@ def nightly_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
 
 def nightly_job_request(steps: int, overrides: dict[str, Any] | None, cache_dir: str, out: Path,
                         mlflow_experiment: str | None = None, config: str | None = None, steps_given: bool = False):
-    """The nightly's RLHF job as a `training.request.JobRequest`: `nightly_job_config` (or `config`, a job config
+    """The nightly's RLHF job as a `training.job.request.JobRequest`: `nightly_job_config` (or `config`, a job config
     file such as a tenant's dataset job or configs/grpo-arith.yaml, its own steps unless `steps_given`), tenant acme,
     named by its algorithm (`nightly-ppo`, `nightly-grpo`, `nightly-rloo`: the config's, or the overrides'), run
     directory OUT/rlhf-job."""
-    from training.config import resolve_config
-    from training.request import parse_request
+    from training.job.config import resolve_config
+    from training.job.request import parse_request
 
     if config is not None:
         from common.config import config_path

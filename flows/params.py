@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Valid
 
 from common.errors import BadInput
 
-# a job's choices live with its request (training/request.py): the overlap modes, the detectors, the alert profiles
-from training.request import (  # noqa: F401 - re-exported for the flows
+# a job's choices live with its request (training/job/request.py): the overlap modes, the detectors, the alert profiles
+from training.job.request import (  # noqa: F401 - re-exported for the flows
     NAME_PATTERN,
     NAME_RULE,
     AlertProfile,
@@ -32,7 +32,7 @@ from training.request import (  # noqa: F401 - re-exported for the flows
 ExperimentName = Literal["E1", "E2", "E3", "E4", "E5", "E6", "E7", "E8"]
 #: infra.provision.RUNNERS
 RunnerKind = Literal["thread", "ray"]
-#: training.canaries.CANARIES
+#: training.benches.canaries.CANARIES
 CanaryName = Literal["control", "frozen_sync", "constant_reward", "oversized_lr", "gameable_reward",
                      "behaviour_mismatch", "duplicated_carry", "grpo_control", "grpo_constant_reward"]
 
@@ -75,15 +75,15 @@ class RoundJob(BaseModel):
 
 
 def platform_job_config(steps: int, cache_dir: str, seed: int = 0) -> dict[str, Any]:
-    """The canaries' small PPO job (training/canaries.py) with a gate and a checkpoint every 2 steps; one torch
+    """The canaries' small PPO job (training/benches/canaries.py) with a gate and a checkpoint every 2 steps; one torch
     thread per job so concurrent jobs share the cores instead of oversubscribing them, and a fixed chunk size (the
     chunk tuner picks by wall time, which would make a job's numbers depend on the machine's load). The gate is
     sized for the paired rule to decide: 64 held-out prompts per checkpoint (scored with the run's fixed sampling
     seed), and for a close decision the pool's other 32 for both checkpoints, up to 128 extra prompt evaluations
     per run (`eval_extra_budget`); each job's paired rule spends its alpha over its own planned checkpoints
-    (`training.lifecycle.planned_gate`). `seed`: the config's seed (the warm start, the prompts and the training
+    (`training.job.lifecycle.planned_gate`). `seed`: the config's seed (the warm start, the prompts and the training
     all change with it)."""
-    from training.canaries import base_config
+    from training.benches.canaries import base_config
 
     raw = base_config(steps, 0, cache_dir)
     raw.update(name="platform-ppo", seed=seed, eval_every=2, checkpoint_every=2, eval_prompts=64, eval_extra_batch=32,
@@ -134,12 +134,12 @@ def round_requests(jobs: list[Any], *, steps: int, slots: int, gpu_kind: str = "
 
 
 def scheduler_gate(scheduler: str) -> Any:
-    """The round's jobs' gate detector: the early-stop part of `scheduler` as a `training.request.DetectorSpec`
+    """The round's jobs' gate detector: the early-stop part of `scheduler` as a `training.job.request.DetectorSpec`
     (`Paired+SRTF` -> paired with the platform's margin, `EvalStop(k=3)+SJF` -> evalstop(k=3)), or None for a bare
     base policy. Each job's request carries it, so its supervisor's detector is built by the one builder, with the
-    platform's settings (`training.request.DETECTOR_DEFAULTS`). BadInput names `scheduler`."""
+    platform's settings (`training.job.request.DETECTOR_DEFAULTS`). BadInput names `scheduler`."""
     from scheduling.policies import scheduler_detector
-    from training.request import parse_detector
+    from training.job.request import parse_detector
 
     try:
         part = scheduler_detector(scheduler)

@@ -2,7 +2,7 @@
 GPU worker slots; the same scheduler names the simulator uses (`scheduling.policies.parse_scheduler`: a
 base policy inside the EarlyStop wrapper with a detector) decide which queued job starts next (the base policy)
 and whether a running job stops at its eval-gate checkpoints (the detector, carried by each job's request and built
-into its supervisor by `training.request.build`, as for every entry point).
+into its supervisor by `training.job.request.build`, as for every entry point).
 
 What the scheduler sees is a `scheduling.jobview.JobView` filled from the live run (progress, attained
 service in steps, the eval gate's score and standard error, the proxy reward and the policy loss at each
@@ -42,7 +42,7 @@ from scheduling.live import LiveRound
 from tasks.timing import clock
 from tasks.tracking import parent_run
 from tasks.training import PrefectJobHooks
-from training.lifecycle import (
+from training.job.lifecycle import (
     JOB_DONE,
     decided_by,
     ended_by,
@@ -52,7 +52,7 @@ from training.lifecycle import (
     run_job,
     tenant_examples,
 )
-from training.request import JobRequest, build
+from training.job.request import JobRequest, build
 
 
 @dataclass(frozen=True)
@@ -79,9 +79,10 @@ def warm_starts(cfgs: list[Any]) -> None:
     so a clean cache gets the same warm start on any machine. Cached ones are only loaded."""
     import torch
 
-    from training.device import resolve_device
-    from training.inputs import job_inputs
-    from training.models import base_policy, proxy_reward_model, tokenizer_for
+    from training.inputs.job_inputs import job_inputs
+    from training.inputs.tokenizer import tokenizer_for
+    from training.job.device import resolve_device
+    from training.models import base_policy, proxy_reward_model
 
     threads = torch.get_num_threads()
     try:
@@ -100,12 +101,12 @@ def warm_starts(cfgs: list[Any]) -> None:
 
 @task(name="platform-job", task_run_name="job {request.tenant}/{request.name}", cache_policy=NO_CACHE)
 def platform_job(request: JobRequest, checked: Any, observe, rc: RoundContext, paused: Any = None) -> dict:
-    """One tenant job on its slots (`training.lifecycle.run_job`): worker start, supervised training, the
+    """One tenant job on its slots (`training.job.lifecycle.run_job`): worker start, supervised training, the
     scheduler's checkpoint decisions (`observe`; a stop pauses the run, resumable), the best checkpoint kept; a
-    child MLflow run with the tenant's cost. `paused` (`training.lifecycle.PausedRun`): continue the run the
+    child MLflow run with the tenant's cost. `paused` (`training.job.lifecycle.PausedRun`): continue the run the
     scheduler paused in the job's directory from its kept checkpoint instead of starting over."""
     from flows.rlhf_job import TENANT_ERRORS, fresh_run_dir, log_lineage
-    from training.inputs import algorithm_params
+    from training.inputs.job_inputs import algorithm_params
 
     job, tenant, out, cfg = request.job, request.tenant, request.out_dir, checked.config
     if paused is not None:  # continue from the kept checkpoint
@@ -191,7 +192,7 @@ def platform_round(
     queued at once and placed on `slots` GPU worker slots by `scheduler` (any simulator name, e.g.
     `Paired+SRTF`, `Paired(margin=0.05)+SRTF`, `NoisePatience+SRTF`, `EvalStop+SJF`, `FIFO`): its base policy places
     them, its detector is each job's eval gate (the `detector` of the job's request, so with the platform's settings
-    for what the name leaves out: `training.request.DETECTOR_DEFAULTS`; default the paired rule on the gate's
+    for what the name leaves out: `training.job.request.DETECTOR_DEFAULTS`; default the paired rule on the gate's
     per-prompt scores, pausing only for a decline beyond its margin of 0.1 in gold units), run by the job's
     supervisor; a job the gate stops is paused (PAUSED_BY_GATE) with its best checkpoint kept and the evidence in its
     record; jobs.csv's `decision` says what ended each job (`completed`, `stopped`, `failed: kl_blowup at step 9`).

@@ -1,7 +1,7 @@
 """`rlhf_job`: one tenant's RL job (the config's `algorithm`: ppo, grpo or rloo) with OPPO overlap, end to end on
 the platform's control path.
 
-The flow takes one `training.request.JobRequest` (the run form is generated from it) and `JobInternals`:
+The flow takes one `training.job.request.JobRequest` (the run form is generated from it) and `JobInternals`:
 validate the request (before anything is provisioned) -> take GPU worker slots -> start the worker ->
 train, feeding every StepRecord to the supervisor (alert catalog, run state machine, eval-gate detector,
 ledger, metrics) -> continue / pause / stop -> score the saved checkpoints on held-out prompts, keep and
@@ -27,9 +27,9 @@ from tasks.retry import backoff
 from tasks.timing import clock
 from tasks.tracking import error_tags, parent_run
 from tasks.training import PrefectJobHooks, register_checkpoint
-from training.lifecycle import JOB_DONE, decided_by, ended_by, job_record, reopen_paused, run_job, tenant_examples
-from training.request import JobInternals, JobRequest, build, parse_internals, parse_request
-from training.rundir import locked_run_dir
+from training.job.lifecycle import JOB_DONE, decided_by, ended_by, job_record, reopen_paused, run_job, tenant_examples
+from training.job.request import JobInternals, JobRequest, build, parse_internals, parse_request
+from training.job.rundir import locked_run_dir
 
 #: the samples a tenant's code failed on (prompt, completion, error, traceback tail), beside job.json
 TENANT_ERRORS = "tenant_code_errors.json"
@@ -71,7 +71,7 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
     retried).
 
     Args:
-        request: the job (training/request.py: JobRequest): config and overrides, algorithm and group size,
+        request: the job (training/job/request.py: JobRequest): config and overrides, algorithm and group size,
             tenant, name, overlap, steps, GPUs, detector, alerts, output root; every field is checked before
             anything is provisioned.
         internals: knobs the nightly and the tests set (chaos injection, first retry delay, the MLflow parent
@@ -195,8 +195,8 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
 
 def log_lineage(run_id: str, cfg) -> None:
     """The job's data files as MLflow dataset inputs and its reward/gate kinds and code hashes as tags
-    (training.inputs.job_lineage)."""
-    from training.inputs import job_lineage
+    (training.inputs.job_inputs.job_lineage)."""
+    from training.inputs.job_inputs import job_lineage
 
     lineage = job_lineage(cfg)
     with clock.span("tracking"):

@@ -24,7 +24,7 @@ from tasks.retry import backoff
 from tasks.sim import simulate_unit
 from tasks.timing import clock
 from tasks.tracking import ParentRun, parent_run, track_variant
-from training.request import JobInternals, parse_internals
+from training.job.request import JobInternals, parse_internals
 
 
 def _clean(x: Any) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow
 
 from infra import tracking as T
-from training.request import RunInternals, parse_internals
+from training.job.request import RunInternals, parse_internals
 
 
 @flow(name="sweep", flow_run_name="sweep {spec}", log_prints=False)

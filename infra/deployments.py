@@ -1,6 +1,6 @@
 """Submitting runs of the `rlhf-job` deployment: the one place a caller turns a job into deployment parameters.
 
-A caller builds the typed request (`training.request.JobRequest`, and `JobInternals` when it sets any) and hands it
+A caller builds the typed request (`training.job.request.JobRequest`, and `JobInternals` when it sets any) and hands it
 here; the parameters are the request's own JSON form under the flow's parameter names. A change of the flow's
 signature or of the request model then fails here, in a test (tests/infra/test_deployments_submit.py), not on a
 server after the run was queued (a loose mapping of old parameter names once crashed every run of
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from training.request import JobInternals, JobRequest, parse_internals, parse_request
+from training.job.request import JobInternals, JobRequest, parse_internals, parse_request
 
 #: the deployment `prefect.yaml` declares for `flows/rlhf_job.py:rlhf_job`
 RLHF_JOB = "rlhf-job/rlhf-job"

@@ -13,7 +13,7 @@ The trainer (per step) and the scheduling simulator (per finished job) feed the 
 The phases are the trainer's wall-clock phases, whatever models a step runs: a critic-free job (`algorithm: grpo` or
 `rloo`) has no value model to score or update, so its `score` and `optim` seconds hold none of that work and it is
 charged for what it ran; nothing here counts models. A job run's row says which algorithm it trained (`describe`,
-called where the job's supervisor is made: `training.lifecycle.make_supervisor`), so a bill splits by algorithm.
+called where the job's supervisor is made: `training.job.lifecycle.make_supervisor`), so a bill splits by algorithm.
 
 Thread safety: the platform round charges from up to 8 job threads while others read totals. Every
 charge and every read of the rows holds one lock; reads copy the rows under it and roll up outside it,
@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from common.config import config_dir, config_path, load_config
 from common.errors import BadInput
-from training.request import check_gpu_kind
+from training.job.request import check_gpu_kind
 
 #: wall-clock phases of one step (same names as training.metrics.PHASES; a test keeps them equal)
 PHASES = ("rollout", "score", "sync", "optim", "eval", "reward_fn")

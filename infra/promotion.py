@@ -31,15 +31,15 @@ def eligible(run_state: str) -> bool:
 
 
 def gate_identity(config: Any) -> tuple[str, str]:
-    """(prompt set id, gate id) of a `training.config.TrainConfig`'s eval gate: the held-out prompt texts it scores
+    """(prompt set id, gate id) of a `training.job.config.TrainConfig`'s eval gate: the held-out prompt texts it scores
     (batch 0: the first `eval_prompts`), and its sampling seed, decode settings and gold scorer (the task config)."""
     from training.gate import batch_seed
-    from training.inputs import job_lineage
+    from training.inputs.job_inputs import job_lineage
 
     gate = {"seed": batch_seed(config.seed, 0), "max_new_tokens": config.ppo.max_new_tokens,
             "temperature": config.ppo.temperature}
     if config.task.kind == "synthetic":
-        from training.task import make_prompts
+        from training.inputs.synthetic_task import make_prompts
 
         prompts = make_prompts(config.task, config.seed).heldout[: config.eval_prompts]
         gate["task"] = config.task.model_dump(mode="json", exclude={"kind"})
@@ -60,9 +60,9 @@ def checkpoint_evidence(checkpoint: str | Path, step: int | None = None,
     has no config or no records (a registry download, a hand-made directory)."""
     import yaml
 
-    from training.config import TrainConfig
     from training.gate import GATE_RECORDS, read_records
-    from training.lifecycle import step_of
+    from training.job.config import TrainConfig
+    from training.job.lifecycle import step_of
 
     ckpt = Path(checkpoint)
     if not (ckpt / "config.yaml").is_file():

@@ -70,11 +70,12 @@ TENANT_KEYS = ["tenant", "algorithm"]
 
 
 def run_algorithm(runs: pd.DataFrame) -> pd.Series:
-    """Each job run's training algorithm: its `algorithm` tag (every job run has it: `training.inputs.job_lineage`),
+    """Each job run's training algorithm: its `algorithm` tag (every job run has it:
+    `training.inputs.job_inputs.job_lineage`),
     else its `algorithm` param (logged when the run opens, so a job that failed before its tags has it), else what an
     earlier version's `ppo.advantage` param says, else ppo (runs from before the algorithm existed trained PPO)."""
     out = pd.Series("", index=runs.index, dtype=object)
-    from training.config import ALGORITHM_OF_ADVANTAGE
+    from training.job.config import ALGORITHM_OF_ADVANTAGE
 
     sources = ((f"tags.{ALGORITHM_TAG}", None), ("params.algorithm", None),
                ("params.ppo.advantage", ALGORITHM_OF_ADVANTAGE))

@@ -3,7 +3,7 @@ of them also claims `n` card numbers here, each an exclusive `flock` on `card-<i
 (`RLHFOPS_SLOT_DIR`, default `<tmp>/rlhfops-slots`), the lowest free ones first. A lock belongs to its open file, so
 threads of one process and processes of one host exclude each other alike, and the kernel drops it when the
 holder dies (no stale claim after a kill -9). The job's trainer then puts itself on CUDA device (card mod visible
-devices) when its config says `device: auto` (`training.device.resolve_device`)."""
+devices) when its config says `device: auto` (`training.job.device.resolve_device`)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ PARENT_TAG = "mlflow.parentRunId"
 FLOW_RUN_TAG = "prefect.flow_run_id"
 DEPLOYMENT_TAG = "prefect.deployment"
 TENANT_TAG = "tenant"
-#: a job run's training algorithm, ppo | grpo | rloo (training.inputs.ALGORITHM_TAG: the domain does not import infra)
+#: a job run's training algorithm, ppo | grpo | rloo (training.inputs.job_inputs.ALGORITHM_TAG: the domain does not
+#: import infra)
 ALGORITHM_TAG = "algorithm"
 NAMES_TAG = "rlhfops.names"  # JSON {metric-safe key: original name}, for the report
 #: the experiment's kind ("custom_model_development": machine learning, not a GenAI app), the tag MLflow 3's UI shows
@@ -229,7 +230,7 @@ def log_datasets(run_id: str, datasets: Iterable[Any]) -> None:
     """A job's data files as MLflow dataset inputs (the runs table shows and filters by them): each with its name,
     digest (the file's own sha256: MLflow's computed digest reads only the first 10,000 rows and skips list columns),
     source (the path), row count (the profile) and context (`training` or `eval`, the `mlflow.data.context` tag).
-    `datasets`: training.inputs.DatasetLineage."""
+    `datasets`: training.inputs.job_inputs.DatasetLineage."""
     import json
 
     from mlflow.entities import Dataset, DatasetInput, InputTag

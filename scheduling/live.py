@@ -123,7 +123,7 @@ class LiveRound:
         return None
 
     def observer(self, i: int, total_steps: int) -> JobObserver:
-        """Job `i`'s per-checkpoint observer for `training.lifecycle.run_job` (call its `attach(supervisor)` once
+        """Job `i`'s per-checkpoint observer for `training.job.lifecycle.run_job` (call its `attach(supervisor)` once
         the job's supervisor is built)."""
         return JobObserver(self, i, total_steps)
 

@@ -1,5 +1,5 @@
-"""Rollout engines side by side on one machine: the chunked loop (training/engine.py), the full-batch loop
-(training/continuous.py) and, optionally, transformers' continuous batching (`generate_batch`).
+"""Rollout engines side by side on one machine: the chunked loop (training/rollout/engine.py), the full-batch loop
+(training/rollout/continuous.py) and, optionally, transformers' continuous batching (`generate_batch`).
 
 Part 1 (generation throughput): N prompts generated to completion, no early stop. Part 2 (inter-step overlap,
 the trainer's use): rollouts that stop once B of B + Delta in-flight sequences have finished and carry the rest,
@@ -19,10 +19,10 @@ import time
 import numpy as np
 import torch
 
-from training.config import load_config
-from training.continuous import ContinuousEngine, Entrant, continuous_rollout
-from training.engine import TransformersEngine, left_pad
-from training.rollout import rollout
+from training.job.config import load_config
+from training.rollout.continuous import ContinuousEngine, Entrant, continuous_rollout
+from training.rollout.engine import TransformersEngine, left_pad
+from training.rollout.streaming import rollout
 from training.trainer import Trainer
 
 

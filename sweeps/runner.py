@@ -20,8 +20,8 @@ settings are queued again (see `SweepRunner._release_queued`); a killed process 
 requeues like any interrupted trial. The scheduler only places trials; stopping one at a checkpoint is the pruner's.
 
 Trial execution is behind ONE function, `run_trial(request, observer, ...)`: each trial (and seed) is a
-`training.request.JobRequest` (`sweeps.spec.trial_request`), checked and built like every other job
-(`training.request.build`) and run through the job lifecycle (`training.lifecycle.run_job`).
+`training.job.request.JobRequest` (`sweeps.spec.trial_request`), checked and built like every other job
+(`training.job.request.build`) and run through the job lifecycle (`training.job.lifecycle.run_job`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from common.errors import BadInput
 from scheduling.jobview import JobView
 from scheduling.live import LiveRound
 from sweeps.spec import SweepSpec, scheduler_policy, trial_config, trial_request
-from training.lifecycle import JobHooks
+from training.job.lifecycle import JobHooks
 
 #: an observer sees each checkpoint (a step whose held-out gate ran) and may return a stop reason
 Observer = Callable[[int, dict[str, Any]], "str | None"]
@@ -71,9 +71,9 @@ class TrialOutcome:
 
 def run_trial(request, observer: Observer | None = None, *, checked: Any = None, ledger: Any = None,
               run_id: str = "trial") -> TrialOutcome:
-    """Train one job (`request`, a `training.request.JobRequest`: `sweeps.spec.trial_request`; `checked`, its
-    `checked()` result when the caller has it) through the platform's job lifecycle: `training.request.build` then
-    `training.lifecycle.run_job`, the path every job takes. Its saved checkpoints are scored on held-out prompts and
+    """Train one job (`request`, a `training.job.request.JobRequest`: `sweeps.spec.trial_request`; `checked`, its
+    `checked()` result when the caller has it) through the platform's job lifecycle: `training.job.request.build` then
+    `training.job.lifecycle.run_job`, the path every job takes. Its saved checkpoints are scored on held-out prompts and
     the best is kept. `observer(step, metrics)` is called at every checkpoint (a step whose gate ran; `metrics` is
     the step's `StepRecord.flat()`) and may return a stop reason: the job stops there and keeps its best
     checkpoint (state `pruned`). Every step is charged to `ledger` (duck-typed `infra.ledger.Ledger`) under
@@ -87,8 +87,8 @@ def run_trial(request, observer: Observer | None = None, *, checked: Any = None,
     from transformers.utils import logging as hf_logging
 
     from eval.health import Catalog
-    from training.lifecycle import run_job
-    from training.request import build
+    from training.job.lifecycle import run_job
+    from training.job.request import build
 
     hf_logging.set_verbosity_error()  # loading a checkpoint's tied lm_head prints a load report per checkpoint
     out = request.out_dir
@@ -138,7 +138,7 @@ class _TrialHooks(JobHooks):
     the trial's directory first, so it starts fresh.)"""
 
     def score(self, spec, checkpoints):
-        from training.lifecycle import step_of
+        from training.job.lifecycle import step_of
 
         out = []
         for ckpt in checkpoints:

@@ -33,8 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from common.errors import BadInput, describe_validation_error, validated
-from training.detector_spec import with_platform_settings
-from training.request import check_name, parse_request
+from training.job.detector_spec import with_platform_settings
+from training.job.request import check_name, parse_request
 
 KINDS = ("grid", "choice", "uniform", "log_uniform")
 #: a sweep name's longest: its model name `<name>-sweep` is a name of at most 63 characters
@@ -123,7 +123,7 @@ class PruningSpec(_Strict):
     #: `default` or another registered early-stop detector by name; `none`
     detector: str = "incumbent"
     #: the pruner's parameters; a detector's parameters that are left out get the platform's setting
-    #: (training.detector_spec.DETECTOR_DEFAULTS: the paired rule's margin 0.1, as in every job), else the
+    #: (training.job.detector_spec.DETECTOR_DEFAULTS: the paired rule's margin 0.1, as in every job), else the
     #: calibrated thresholds in configs/detectors.yaml
     params: dict[str, Any] = Field(default_factory=dict)
 
@@ -136,7 +136,8 @@ class PruningSpec(_Strict):
 
 
 class SweepSpec(_Strict):
-    #: the study's name, its directory and its model's (`<name>-sweep`): a job/model name (training.request.NAME_RULE)
+    #: the study's name, its directory and its model's (`<name>-sweep`): a job/model name
+    #: (training.job.request.NAME_RULE)
     name: str
     base: str | dict[str, Any]
     overrides: dict[str, Any] = Field(default_factory=dict)
@@ -144,7 +145,7 @@ class SweepSpec(_Strict):
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     trials: int = Field(ge=1, le=100_000)
     seeds_per_trial: int = Field(1, ge=1, le=100)
-    #: whose ledger the trials are charged to: a tenant name, as in every job request (training.request.NAME_RULE)
+    #: whose ledger the trials are charged to: a tenant name, as in every job request (training.job.request.NAME_RULE)
     tenant: str = "acme"
     concurrency: int = Field(1, ge=1, le=4096, description="GPU slots the sweep holds at once")
     gpus_per_trial: int = Field(1, ge=1, le=4096)
@@ -285,7 +286,7 @@ def resolve_base(spec: SweepSpec, base_dir: Path | None = None) -> str | dict[st
 def trial_config(spec: SweepSpec, params: dict[str, Any], seed_index: int = 0, base_dir: Path | None = None):
     """The `TrainConfig` one trial (and seed) trains: the base config, the spec's fixed overrides, the trial's
     params, and the seed (the base seed + the seed's index)."""
-    from training.config import resolve_config
+    from training.job.config import resolve_config
 
     base = resolve_base(spec, base_dir)
     overrides = {**spec.overrides, **params}
@@ -297,7 +298,7 @@ def trial_config(spec: SweepSpec, params: dict[str, Any], seed_index: int = 0, b
 
 def trial_request(spec: SweepSpec, params: dict[str, Any], number: int, seed_index: int = 0,
                   base_dir: Path | None = None, source: str = ""):
-    """The `training.request.JobRequest` one trial (and seed) runs as: the base config with the spec's fixed
+    """The `training.job.request.JobRequest` one trial (and seed) runs as: the base config with the spec's fixed
     overrides, the trial's params and the seed (the base seed + the seed's index: `trial_config`), charged to the
     spec's tenant and GPU kind, in `<out_dir>/trial-NNNN/seed-S`, with no gate detector (the sweep's pruner stops a
     trial). `source` prefixes a field's error (`sweep`: the check before the sweep starts)."""
@@ -314,9 +315,9 @@ def trial_request(spec: SweepSpec, params: dict[str, Any], number: int, seed_ind
 
 def valid_job(base: str | dict[str, Any], overrides: dict[str, Any]):
     """The job config `base` with `overrides`, checked as a job's request checks it: the config itself, then what it
-    names on disk (a tenant's data files and reward/gate function refs: `training.inputs.check_inputs`)."""
-    from training.config import resolve_config
-    from training.inputs import check_inputs
+    names on disk (a tenant's data files and reward/gate function refs: `training.inputs.job_inputs.check_inputs`)."""
+    from training.inputs.job_inputs import check_inputs
+    from training.job.config import resolve_config
 
     cfg = resolve_config(base, overrides)
     check_inputs(cfg)
@@ -347,7 +348,7 @@ def check_against_job(spec: SweepSpec, base_dir: Path | None = None) -> None:
     range (`checked_values`), and every pair of two fields' values (`algorithm: grpo` with `ppo.group_size: 1`, a
     `ppo.group_size` that does not divide a varied `ppo.batch_size`): a trial may draw any of them. Raises BadInput
     naming `space.<field>`, and for a pair both fields."""
-    from training.config import resolve_config
+    from training.job.config import resolve_config
 
     base = resolve_base(spec, base_dir)
     try:

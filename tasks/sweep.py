@@ -21,7 +21,7 @@ from infra import tracking as T
 
 KIND = "sweep"
 STATE_TAG = "final_state"
-#: a trial's `decided_by` tag (training.lifecycle.DECIDERS) by its state: only the pruner stops a running trial (the
+#: a trial's `decided_by` tag (training.job.lifecycle.DECIDERS) by its state: only the pruner stops a running trial (the
 #: budget stops the sweep from starting new ones; a trial's catalog is empty, so no alert ends one)
 TRIAL_DECIDED_BY = {"completed": "none", "pruned": "pruner", "failed": "error"}
 
@@ -84,12 +84,12 @@ class MlflowSweepTracker:
         return run_id
 
     def trial_algorithm(self, params: dict[str, Any]) -> dict[str, Any]:
-        """The trial's training algorithm and its fields (`training.inputs.algorithm_params`) from its config, varied
-        or not, so every trial run filters by `params.algorithm` as a job's does; empty when the config does not
-        resolve (the trial then fails on its own check, with the error on its run)."""
+        """The trial's training algorithm and its fields (`training.inputs.job_inputs.algorithm_params`) from its
+        config, varied or not, so every trial run filters by `params.algorithm` as a job's does; empty when the config
+        does not resolve (the trial then fails on its own check, with the error on its run)."""
         from common.errors import BadInput
         from sweeps.spec import trial_config
-        from training.inputs import algorithm_params
+        from training.inputs.job_inputs import algorithm_params
 
         try:
             return algorithm_params(trial_config(self.spec, params, 0, self.base_dir))
@@ -154,7 +154,7 @@ def prepare(spec_path: str | Path | dict, trials: int | None = None, prices: str
     from infra.ledger import Ledger, load_prices
     from sweeps.runner import check_pruning
     from sweeps.spec import check_against_job, load_spec, parse_spec
-    from training.request import check_gpu_kind
+    from training.job.request import check_gpu_kind
 
     if isinstance(spec_path, dict):
         raw = dict(spec_path)

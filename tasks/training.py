@@ -1,7 +1,7 @@
 """Prefect tasks around the trainer: start a worker, train under supervision, score and register checkpoints, and
-`PrefectJobHooks`, the platform's side effects that `training.lifecycle.run_job` calls.
+`PrefectJobHooks`, the platform's side effects that `training.job.lifecycle.run_job` calls.
 
-The supervision loop (`training.lifecycle.supervise`) is the platform's control path: every `StepRecord` the
+The supervision loop (`training.job.lifecycle.supervise`) is the platform's control path: every `StepRecord` the
 trainer yields goes through `eval.supervisor.RunSupervisor` (alert catalog, run state machine, eval-gate detector,
 ledger, Prometheus metrics). The run continues while it is RUNNING or DEGRADED, pauses at a checkpoint when a
 paging alert with the `pause` action or the gate detector says so (PAUSED_BY_GATE: training stops, slots are
@@ -26,7 +26,7 @@ from infra import tracking as T
 from infra.slot_cards import claim_cards
 from tasks.retry import RETRIES, backoff, maybe_fail, retry_transient
 from tasks.timing import clock
-from training.lifecycle import (  # noqa: F401 - step_of, best_of: re-exported for the flows
+from training.job.lifecycle import (  # noqa: F401 - step_of, best_of: re-exported for the flows
     JobHooks,
     JobSpec,
     TrainingResult,
@@ -76,12 +76,12 @@ def start_worker(job: str, config, overlap: str, out_dir: str, fail_rate: float 
 
 @task(name="train", task_run_name="train {job}", cache_policy=NO_CACHE)
 def train_task(job: str, loop: Callable[[], Any]) -> Any:
-    """The training loop (`training.lifecycle.supervise`) as one task run: the job's steps, supervised."""
+    """The training loop (`training.job.lifecycle.supervise`) as one task run: the job's steps, supervised."""
     return loop()
 
 
 class PrefectJobHooks(JobHooks):
-    """The platform's side effects around `training.lifecycle.run_job`: GPU slots from `slots`
+    """The platform's side effects around `training.job.lifecycle.run_job`: GPU slots from `slots`
     (`infra.provision.gpu_slots`), the worker started by the retried `start_worker` task, the loop as the `train`
     task, step records to the MLflow run `run_id`, a progress line in the run's log every `PROGRESS_EVERY` steps,
     the checkpoints scored by the retried `score_checkpoints` task (after waiting out an API outage, when
@@ -201,7 +201,7 @@ def register_checkpoint(run_id: str, model_name: str, best: dict[str, Any], tena
 
 def replay_history(out_dir: str | Path, upto_step: int, supervisor, run_id: str | None = None) -> list[dict[str, Any]]:
     """A resumed job's steps 1..`upto_step` read back from the run directory and fed to the supervisor
-    (`training.lifecycle.read_history`, `replay`); logged to the MLflow run `run_id` if given."""
+    (`training.job.lifecycle.read_history`, `replay`); logged to the MLflow run `run_id` if given."""
     out = replay(read_history(out_dir, upto_step), supervisor)
     if run_id and out:
         with clock.span("tracking"):
@@ -211,12 +211,12 @@ def replay_history(out_dir: str | Path, upto_step: int, supervisor, run_id: str 
 
 def rescoring_tags(checkpoint: str) -> dict[str, str]:
     """What re-scoring a registered checkpoint needs, as version tags: the gate's kind and code hash (or model path),
-    the held-out file's digest, the task kind (training.inputs.job_lineage on the checkpoint's own config); and the
-    algorithm that trained it (ppo, grpo, rloo), so the registry tells which versions came from which."""
+    the held-out file's digest, the task kind (training.inputs.job_inputs.job_lineage on the checkpoint's own config);
+    and the algorithm that trained it (ppo, grpo, rloo), so the registry tells which versions came from which."""
     import yaml
 
-    from training.config import TrainConfig
-    from training.inputs import ALGORITHM_TAG, job_lineage
+    from training.inputs.job_inputs import ALGORITHM_TAG, job_lineage
+    from training.job.config import TrainConfig
 
     path = Path(checkpoint) / "config.yaml"
     if not path.is_file():

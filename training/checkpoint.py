@@ -21,8 +21,8 @@ from transformers.utils import logging as hf_logging
 
 from training.metrics import StepRecord
 from training.models import frozen_copy
-from training.oppo import deferral_histogram
-from training.rollout import Sequence
+from training.rollout.controllers import deferral_histogram
+from training.rollout.streaming import Sequence
 
 
 class CheckpointIO:

@@ -13,15 +13,15 @@ import torch
 import yaml
 
 from common.errors import BadInput
-from training.config import TrainConfig
-from training.device import autocast, model_device, resolve_device
-from training.engine import TransformersEngine, left_pad
-from training.gate import PromptRecord, batch_seed, heldout_batches, proxy_scores, summary
-from training.inputs import JobInputs, job_inputs
+from training.gate import HeldoutScorer, PromptRecord, batch_seed, heldout_batches, proxy_scores, summary
+from training.inputs.job_inputs import JobInputs, job_inputs
+from training.inputs.synthetic_task import parseable
+from training.inputs.tokenizer import Tokenizer, tokenizer_for
+from training.job.config import TrainConfig
+from training.job.device import autocast, model_device, resolve_device
 from training.metrics import NAN
-from training.models import Tokenizer, _max_positions, build_causal_lm, checkpoint_scorer, frozen_copy, tokenizer_for
-from training.scorers import HeldoutScorer
-from training.task import parseable
+from training.models import _max_positions, build_causal_lm, checkpoint_scorer, frozen_copy
+from training.rollout.engine import TransformersEngine, left_pad
 
 
 @dataclass
@@ -53,7 +53,7 @@ class EvalGate:
                          scorer=self.heldout_scorer())
 
     def heldout_scorer(self) -> HeldoutScorer:
-        """The gate's scorer (training/scorers.py), built once: the gold scorer, the gate function (in the job's
+        """The gate's scorer (training/inputs/scorers.py), built once: the gold scorer, the gate function (in the job's
         tenant-code processes) or the gate's model."""
         if getattr(self, "_heldout_scorer", None) is None:
             model = (checkpoint_scorer(self.cfg.gate.path, self.tok, self.cfg, self.device)
@@ -160,8 +160,8 @@ def gold_eval(policy_or_checkpoint, prompts: list[str] | None = None, config: Tr
     onto `device` (default: the CPU when its config says cpu, else CUDA when present: the machine scoring it need not
     have the GPU that trained it); a live policy is scored where it is. Sampling runs at
     the config's dtype (bfloat16 autocast), as the trainer's gate does. `inputs` and `scorer` (default: built from the
-    config) are the job's prompts (training/inputs.py) and the gate's scorer (training/scorers.py: the gold scorer, a
-    gate function or a gate model); `gold_score` of a record is that scorer's score.
+    config) are the job's prompts (training/inputs/job_inputs.py) and the gate's scorer (training/inputs/scorers.py:
+    the gold scorer, a gate function or a gate model); `gold_score` of a record is that scorer's score.
     """
     if isinstance(policy_or_checkpoint, (str, Path)):
         ckpt = Path(policy_or_checkpoint)

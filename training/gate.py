@@ -14,6 +14,8 @@ A record is one prompt at one checkpoint: `PromptRecord` (prompt id = its index 
 sampling seed, gold score, proxy score as training sees it, response length in tokens). `GateRecordsCSV` writes them
 to `gate_records.csv` in the run directory, in the `eval.prompt_records` format (`run_id, step, prompt_id,
 gold_score, seed, proxy_score, response_len`).
+
+`HeldoutScorer` is the gate's scorer of every kind (`gate:` gold, function or model): one score per held-out prompt.
 """
 
 from __future__ import annotations
@@ -23,9 +25,15 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+
+from eval.attribution import TenantCodeError
+from training.inputs.scorers import FunctionScorer, examples_of, gold_code_hash
+from training.inputs.synthetic_task import gold_score
+from training.job.config import TrainConfig
 
 #: the file a run directory keeps its gate records in
 GATE_RECORDS = "gate_records.csv"
@@ -64,8 +72,8 @@ def heldout_batches(n_heldout: int, eval_prompts: int, extra_batch: int) -> list
 def proxy_scores(reward_model: torch.nn.Module, prompt_ids: list[list[int]], responses: list[list[int]],
                  pad_id: int) -> list[float]:
     """The proxy reward model's score of each (prompt, response), read at the last real token, as the rollout
-    reads it (`training/rollout.py`)."""
-    from training.engine import IncrementalScorer, left_pad
+    reads it (`training/rollout/streaming.py`)."""
+    from training.rollout.engine import IncrementalScorer, left_pad
 
     seqs = [p + r for p, r in zip(prompt_ids, responses, strict=True)]
     ids, attn = left_pad(seqs, pad_id)
@@ -125,3 +133,62 @@ class GateRecordsCSV:
 
     def write(self, run_id: str, step: int, records: list[PromptRecord]) -> None:
         write_records(self.path, record_rows(run_id, step, records), append=True)
+
+
+class HeldoutScorer:
+    """The eval gate's scorer: `score(prompts, texts, responses, rows) -> list[float]`, one score per held-out
+    prompt (rows: their indices in the held-out split)."""
+
+    def __init__(self, cfg: TrainConfig, inputs: Any, tok: Any, pool_of=None, model: Any = None,
+                 own_pool: bool = False):
+        self.cfg, self.inputs, self.tok = cfg, inputs, tok
+        self.kind = cfg.gate.kind
+        self._pool = None
+        if own_pool:  # a scorer outside a trainer: a pool of its own, stopped by close()
+            pool_of = self._own_pool
+        self.function = (FunctionScorer(cfg.gate, "gate function", "gate.ref", cfg.config_dir, pool_of)
+                         if self.kind == "function" else None)
+        self.model = model
+
+    def _own_pool(self):
+        if self._pool is None:
+            from training.inputs.tenant_code import TenantFunctionPool
+
+            cwd = Path(self.cfg.config_dir) if self.cfg.config_dir else Path.cwd()
+            self._pool = TenantFunctionPool(cwd, workers=1, memory_mb=self.cfg.gate.memory_mb)
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    @property
+    def code_hash(self) -> str:
+        if self.function is not None:
+            return self.function.code_hash
+        if self.kind == "gold":
+            return gold_code_hash()
+        return ""
+
+    def score(self, prompts: list, texts: list[str], responses: list[list[int]], rows: list[int]) -> list[float]:
+        if self.kind == "gold":
+            return [gold_score(p, t, self.cfg.task) for p, t in zip(prompts, texts, strict=True)]
+        if self.kind == "model":
+            from training.job.device import autocast, model_device
+
+            with autocast(model_device(self.model), self.cfg.dtype):
+                return proxy_scores(self.model, [self.tok.encode(self.inputs.render(p)) for p in prompts], responses,
+                                    self.tok.pad_id)
+        got = self.function(prompts, texts, self.inputs.columns("heldout", rows))
+        bad = [(i, f) for i, f in enumerate(got.failures)]
+        if bad or any(s is None or not math.isfinite(s) for s in got.scores):
+            examples = examples_of(got.failures)
+            missing = sum(s is None for s in got.scores) - len(got.failures)
+            what = (f"raised on {len(got.failures)} of {len(texts)} held-out prompts: {got.failures[0].error}" if bad
+                    else f"returned None (no score) for {missing} of {len(texts)} held-out prompts")
+            err = TenantCodeError(f"your gate function {self.function.text} {what}; a gate must score every held-out "
+                                  f"prompt (fix it and resubmit){'; examples attached' if examples else ''}")
+            err.examples = examples
+            raise err
+        return [float(s) for s in got.scores]

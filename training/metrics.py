@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 NAN = float("nan")
 
 #: wall-clock phases of one PPO step (the runbook's `rlapi_step_phase_seconds{phase=...}`); `reward_fn`: the step's
-#: wait on the tenant's reward function (training/scorers.py), 0 with a reward model
+#: wait on the tenant's reward function (training/inputs/scorers.py), 0 with a reward model
 PHASES = ("rollout", "score", "sync", "optim", "eval", "reward_fn")
 
 
@@ -50,9 +50,9 @@ class StepRecord:
     # decode steps the rollout took (the straggler cost inter-step overlap removes)
     staleness_mean: float = NAN
     decode_steps: int = 0
-    # off-policy view of the trained tokens (training/ppo.py, "off-policy correction"): the largest version lag,
-    # the share of tokens sampled by an older policy, and the importance weights pi_prox/pi_behav before any
-    # cap (normalised effective sample size (sum w)^2 / (n sum w^2) in (0, 1], mean, max); tokens masked by
+    # off-policy view of the trained tokens (training/algorithms/core_algos.py, "off-policy correction"): the largest
+    # version lag, the share of tokens sampled by an older policy, and the importance weights pi_prox/pi_behav before
+    # any cap (normalised effective sample size (sum w)^2 / (n sum w^2) in (0, 1], mean, max); tokens masked by
     # `oppo.max_staleness` are left out
     staleness_max: float = NAN
     stale_frac: float = NAN

@@ -1,12 +1,12 @@
-"""The four PPO roles as transformers models, the byte-level tokenizer, and the two warm starts.
+"""The four PPO roles as transformers models and the two warm starts.
 
 - actor / reference: a causal LM (`*ForCausalLM`), tiny and random-weight unless `model_name_or_path`;
   the reference is a frozen copy of the base policy.
 - reward model / critic: `*ForSequenceClassification` with one label. The reward is the head's
   output at the last real token (what TRL's RewardTrainer trains); the critic applies the same
   head to every position (OpenRLHF's critic; it is initialised from the reward model, as OpenRLHF does).
-- tokenizer: `ByT5Tokenizer` (bytes + pad/eos/unk, no files needed) unless a checkpoint brings its own, or the
-  task's BPE (`task.tokenizer: bpe`, training/tokenizer.py) for a vocabulary of real size.
+- the tokenizer they are built for: training/inputs/tokenizer.py (`ByT5Tokenizer`'s bytes, a checkpoint's own, or the
+  task's BPE).
 
 Warm starts, cached under `cache_dir` by a hash of the config that made them so a run, its resume and the
 benchmark's four modes share them: the base policy is fitted to the task corpus (a few hundred SFT steps,
@@ -34,59 +34,21 @@ import torch.nn.functional as F
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
-    AutoTokenizer,
-    ByT5Tokenizer,
     GPT2Config,
     LlamaConfig,
     PreTrainedModel,
     Qwen2Config,
 )
 
-from training.config import ModelConfig, TaskConfig, TrainConfig
-from training.task import corpus_response, make_prompts, preference_pairs
+from training.inputs.synthetic_task import corpus_response, make_prompts, preference_pairs
+from training.inputs.tokenizer import Tokenizer
+from training.job.config import ModelConfig, TrainConfig
 
 log = logging.getLogger(__name__)
 
 
-class Tokenizer:
-    """Thin wrapper: ids in, ids out, with the pad/eos ids the engine needs."""
-
-    def __init__(self, hf_tokenizer):
-        self.hf = hf_tokenizer
-        self.pad_id = hf_tokenizer.pad_token_id if hf_tokenizer.pad_token_id is not None else 0
-        self.eos_id = hf_tokenizer.eos_token_id
-        self.vocab_size = len(hf_tokenizer)
-
-    def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False)
-
-    def decode(self, ids) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=True)
-
-
-def make_tokenizer(path: str | None = None, task: TaskConfig | None = None,
-                   cache_dir: str | Path | None = None) -> Tokenizer:
-    """A checkpoint's own tokenizer (`path`); else the task's BPE (`task.tokenizer: bpe`, trained once and cached
-    in `cache_dir`, training/tokenizer.py); else ByT5's bytes."""
-    if path:
-        tok = AutoTokenizer.from_pretrained(path)
-        if tok.pad_token_id is None:
-            tok.pad_token = tok.eos_token
-        return Tokenizer(tok)
-    if task is not None and task.tokenizer == "bpe":
-        from training.tokenizer import bpe_tokenizer
-
-        return Tokenizer(bpe_tokenizer(task, cache_dir or "runs/.cache"))
-    return Tokenizer(ByT5Tokenizer(extra_ids=0))
-
-
-def tokenizer_for(cfg: TrainConfig) -> Tokenizer:
-    """The tokenizer a job's config names (the policy checkpoint's, the task's BPE, or bytes)."""
-    return make_tokenizer(cfg.policy.model_name_or_path, cfg.task, cfg.cache_dir)
-
-
 def format_prompt(prompt: str) -> str:
-    """The synthetic task's prompt as the model reads it (training/inputs.py `SyntheticInputs.render`)."""
+    """The synthetic task's prompt as the model reads it (training/inputs/job_inputs.py `SyntheticInputs.render`)."""
     return prompt + " "
 
 
@@ -148,7 +110,8 @@ def _build_code() -> str:
     every cache key, so weights built by other code are rebuilt rather than silently reused."""
     import transformers
 
-    from training import task, tokenizer
+    from training.inputs import synthetic_task as task
+    from training.inputs import tokenizer
 
     digest = hashlib.sha256()
     for source in (Path(__file__), Path(task.__file__), Path(tokenizer.__file__)):
@@ -174,7 +137,7 @@ def _hash(*parts) -> str:
 
 
 def _max_positions(cfg: TrainConfig) -> int:
-    from training.config import max_positions
+    from training.job.config import max_positions
 
     return max_positions(cfg)
 
@@ -336,7 +299,8 @@ def base_policy(cfg: TrainConfig, tok: Tokenizer, device: torch.device | str | N
     """The base policy (= reference): a checkpoint, or the tiny model fitted to the corpus (cached), on `device`
     (default the CPU). Initialised on the CPU (the same weights on every device), fitted where it lives, in float32
     whatever the job's dtype (a float32 and a bfloat16 job start from the same base policy). A dataset task's tiny
-    model is fitted to its reference completions (`task.sft_key`; `inputs`: its training/inputs.py `JobInputs`),
+    model is fitted to its reference completions (`task.sft_key`; `inputs`: its training/inputs/job_inputs.py
+    `JobInputs`),
     keyed by the train file's digest; without references it starts from random weights."""
     torch.manual_seed(cfg.seed)
     model = build_causal_lm(cfg.policy, tok, _max_positions(cfg)).to(device or "cpu")

@@ -10,8 +10,8 @@ Entry points (stable):
 - `Trainer(config, overlap, out_dir, resume=True, progress=None, slot=None)` is the same thing as an object:
   `.run(steps)` yields records; `.checkpoints` lists the saved checkpoint paths; `.deferral_counts` holds the
   deferral histogram; `.device` is where its models live (the config's `device`; `slot`, the GPU slot the job holds,
-  picks the card under `auto`: training/device.py). A `torch.OutOfMemoryError` in a step is raised as
-  `training.device.DeviceOutOfMemory`, naming the step and the checkpoint kept.
+  picks the card under `auto`: training/job/device.py). A `torch.OutOfMemoryError` in a step is raised as
+  `training.job.device.DeviceOutOfMemory`, naming the step and the checkpoint kept.
 - `gold_eval(checkpoint_path_or_policy, prompts=None, config=None) -> GoldEval` scores a saved
   checkpoint (or a live policy) with the gold scorer on held-out prompts. Use it as an eval gate.
 - `latest_checkpoint(out_dir)` finds the newest checkpoint of a run.
@@ -47,29 +47,22 @@ import numpy as np
 import torch
 
 from common.errors import BadInput
+from training.algorithms.update import PPOUpdate
 from training.checkpoint import CheckpointIO, MetricsCSV, latest_checkpoint
-from training.config import TrainConfig, uses_critic, uses_reference
-from training.continuous import ContinuousEngine, continuous_rollout
-from training.device import autocast, check_gpu_memory, out_of_memory, resolve_device, torch_dtype
-from training.engine import IncrementalScorer, TransformersEngine
 from training.evaluation import EvalGate, GoldEval, generate, gold_eval
 from training.gate import GATE_RECORDS, GateRecordsCSV, PromptRecord
-from training.inputs import job_inputs
+from training.inputs.job_inputs import job_inputs
+from training.inputs.scorers import FunctionScorer, raised_too_often
+from training.inputs.synthetic_task import parseable
+from training.inputs.tokenizer import Tokenizer, tokenizer_for
+from training.job.config import TrainConfig, uses_critic, uses_reference
+from training.job.device import autocast, check_gpu_memory, out_of_memory, resolve_device, torch_dtype
 from training.metrics import NAN, StepRecord
-from training.models import (
-    Tokenizer,
-    _max_positions,
-    base_policy,
-    build_scorer,
-    frozen_copy,
-    proxy_reward_model,
-    tokenizer_for,
-)
-from training.oppo import ChunkTuner, DeltaController
-from training.rollout import Sample, Sequence, rollout
-from training.scorers import FunctionScorer, raised_too_often
-from training.task import parseable
-from training.update import PPOUpdate
+from training.models import _max_positions, base_policy, build_scorer, frozen_copy, proxy_reward_model
+from training.rollout.continuous import ContinuousEngine, continuous_rollout
+from training.rollout.controllers import ChunkTuner, DeltaController
+from training.rollout.engine import IncrementalScorer, TransformersEngine
+from training.rollout.streaming import Sample, Sequence, rollout
 
 __all__ = ["OVERLAPS", "GoldEval", "MetricsCSV", "Trainer", "check_overlap", "generate", "gold_eval",
            "latest_checkpoint", "train"]
@@ -86,7 +79,7 @@ def check_overlap(overlap: str) -> str:
 
 class Trainer(PPOUpdate, CheckpointIO, EvalGate):
     """One PPO run (see the module docstring). The update, the run's files and the eval gate are mixins:
-    training/update.py, training/checkpoint.py, training/evaluation.py."""
+    training/algorithms/update.py, training/checkpoint.py, training/evaluation.py."""
 
     def __init__(self, config: TrainConfig, overlap: str = "full", out_dir: str | Path | None = None,
                  resume: bool = True, progress=None, slot: int | None = None):
@@ -99,7 +92,7 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         if cfg.engine == "vllm" and not cfg.policy.model_name_or_path:
             raise BadInput("engine: 'vllm' needs policy.model_name_or_path (a checkpoint vLLM can load)")
         # the device first: a CUDA device that is not there, or too little GPU memory, is refused before any model
-        # is built (training/device.py); `slot`: the GPU slot the job holds, picking the card under `device: auto`
+        # is built (training/job/device.py); `slot`: the GPU slot the job holds, picking the card under `device: auto`
         self.device = resolve_device(cfg.device, slot)
         check_gpu_memory(cfg, self.device)
         torch.set_num_threads(cfg.oppo.torch_threads)
@@ -111,9 +104,10 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
 
         self._say("building tokenizer, base policy and reward model (cached after the first run)")
         self.tok: Tokenizer = tokenizer_for(cfg)
-        #: the job's prompts and their columns (training/inputs.py): the synthetic task or the tenant's data set
+        #: the job's prompts and their columns (training/inputs/job_inputs.py): the synthetic task or the tenant's data
+        #: set
         self.inputs = job_inputs(cfg, self.tok, warn=self._say)
-        #: the tenant's functions run in child processes (training/tenant_code.py), started when first called
+        #: the tenant's functions run in child processes (training/inputs/tenant_code.py), started when first called
         self._pool = None
         self._no_score_frac = 0.0
         self.reward_fn = (FunctionScorer(cfg.reward, "reward function", "reward.ref", cfg.config_dir, self.tenant_pool)
@@ -139,12 +133,13 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         self.actor_opt = torch.optim.AdamW(self.actor.parameters(), lr=cfg.ppo.actor_lr, weight_decay=0.0)
         self.critic_opt = (torch.optim.AdamW(self.critic.parameters(), lr=cfg.ppo.critic_lr, weight_decay=0.0)
                            if self.critic is not None else None)
-        if cfg.engine == "vllm":  # pragma: no cover - GPU only, never run here (see training/engine.py)
-            from training.engine import VLLMEngine
+        if cfg.engine == "vllm":  # pragma: no cover - GPU only, never run here (see training/rollout/engine.py)
+            from training.rollout.engine import VLLMEngine
 
             self.engine = VLLMEngine(cfg.policy.model_name_or_path, self.tok.eos_id, self.tok.pad_id,
                                      cfg.ppo.temperature)
-        elif cfg.engine == "continuous" and self.overcommit:  # inter-step overlap refills rows (training/continuous.py)
+        # inter-step overlap refills rows (training/rollout/continuous.py)
+        elif cfg.engine == "continuous" and self.overcommit:
             self.engine = ContinuousEngine(self.tok.eos_id, self.tok.pad_id, cfg.ppo.temperature,
                                            refill_min=cfg.oppo.refill_min)
         else:
@@ -187,12 +182,12 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
                 self.load_checkpoint(ckpt)
 
     def tenant_pool(self):
-        """The job's pool of tenant-code processes (training/tenant_code.py), started on first use; `close` stops
+        """The job's pool of tenant-code processes (training/inputs/tenant_code.py), started on first use; `close` stops
         it (the trainer's run does at its end; a later call starts a fresh one)."""
         if self._pool is None:
             from pathlib import Path as _Path
 
-            from training.tenant_code import TenantFunctionPool
+            from training.inputs.tenant_code import TenantFunctionPool
 
             workers = self.cfg.reward.workers if self.cfg.reward.kind == "function" else 1
             memory = max(s.memory_mb for s in (self.cfg.reward, self.cfg.gate) if s.kind == "function")
@@ -207,7 +202,7 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
             self._pool = None
 
     def autocast(self):
-        """The forward passes' precision (training/device.py): bfloat16 autocast on the job's device, or none."""
+        """The forward passes' precision (training/job/device.py): bfloat16 autocast on the job's device, or none."""
         return autocast(self.device, self.cfg.dtype)
 
     def _say(self, msg: str) -> None:
@@ -279,7 +274,8 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         scored = [s for s in samples if np.isfinite(s.score)]
         self._no_score_frac = 1.0 - len(scored) / max(1, len(samples))
         # ppo: a sample with no score is left out; a group keeps it (its advantage is 0 and the others' baseline
-        # leaves it out: training/ppo.py group_advantages, as TRL does), so every trained group is whole
+        # leaves it out: training/algorithms/core_algos.py group_advantages, as TRL does), so every trained group is
+        # whole
         kept = samples if self.grouped else scored
         if not scored:
             from eval.attribution import TenantCodeError

@@ -142,7 +142,7 @@ def _merge(base: dict, over: dict) -> dict:
 
 
 def run_config(overrides: dict, seed: int):
-    from training.config import TrainConfig
+    from training.job.config import TrainConfig
 
     raw = yaml.safe_load(BASE_CONFIG.read_text())
     raw = _merge(raw, {"name": "corpus-own", "seed": seed, "steps": STEPS, "eval_every": EVAL_EVERY,

@@ -95,7 +95,7 @@ def _merge(base: dict, over: dict) -> dict:
 
 
 def run_config(overrides: dict, seed: int, cache_dir: Path, steps: int = STEPS):
-    from training.config import TrainConfig
+    from training.job.config import TrainConfig
 
     raw = yaml.safe_load(BASE_CONFIG.read_text())
     raw = _merge(raw, {"name": "corpus-prompts", "seed": seed, "steps": steps, "eval_every": EVAL_EVERY,

@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="the run's seed (default: the config's)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
-    from training.config import load_config
     from training.gate import batch_seed
+    from training.job.config import load_config
     from training.trainer import Trainer, gold_eval
 
     over = {"steps": args.steps, "eval_every": args.every, "eval_prompts": args.prompts,

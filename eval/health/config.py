@@ -20,8 +20,8 @@ DEFAULT_ALERTS_FILE = config_dir() / "alerts.yaml"
 
 ParamValue = float | int | bool | None
 
-#: what a run of each trainer algorithm (training/config.py `TrainConfig.algorithm`) has beyond the common per-step
-#: figures: a learned critic (ppo; `training.config.uses_critic`) or groups of completions per prompt (grpo, rloo:
+#: what a run of each trainer algorithm (training/job/config.py `TrainConfig.algorithm`) has beyond the common per-step
+#: figures: a learned critic (ppo; `training.job.config.uses_critic`) or groups of completions per prompt (grpo, rloo:
 #: StepRecord.group_flat_frac / group_reward_std, NaN for ppo). An alert that `requires` what the run lacks is not
 #: evaluated on it; an algorithm not listed here (or none given) gets every alert. eval/ does not import training/:
 #: tests/eval/test_health_groups.py checks this table against `uses_critic` for every algorithm the trainer knows.

@@ -1,5 +1,5 @@
-"""Alerts 9-10, on the off-policy side of inter-step overlap (carried responses, training/ppo.py's correction):
-low effective sample size of the importance weights, and response-length drift between carried and fresh
+"""Alerts 9-10, on the off-policy side of inter-step overlap (carried responses, training/algorithms/core_algos.py's
+correction): low effective sample size of the importance weights, and response-length drift between carried and fresh
 samples. Streaming monitor and vectorised `scan` per alert, on the shared window kernels.
 
 Plain numpy: no Prefect or MLflow here.

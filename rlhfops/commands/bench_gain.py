@@ -1,5 +1,5 @@
 """`rlhfops bench gain`: the held-out gate score of a job's warm start against the trained policy, per seed, paired
-per prompt (training/bench_gain.py). Exit 1 when a seed's gain is not above `--z` standard errors."""
+per prompt (training/benches/gain.py). Exit 1 when a seed's gain is not above `--z` standard errors."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def register_bench(bench_app: typer.Typer) -> None:
         from common.validate import check_out_file
         from rlhfops.commands.bench import write_json
         from rlhfops.console import make_console
-        from training.config import load_config
+        from training.job.config import load_config
         from training.trainer import check_overlap
 
         if not 1 <= seeds <= 20:
@@ -42,10 +42,10 @@ def register_bench(bench_app: typer.Typer) -> None:
 
         overrides = parse_overrides(set_)
         cfg = load_config(config, overrides)
-        from training.inputs import check_inputs
+        from training.inputs.job_inputs import check_inputs
 
         check_inputs(cfg)
-        from training.bench_gain import bench_gain
+        from training.benches.gain import bench_gain
 
         console = make_console()
         result = bench_gain(config, [cfg.seed + k for k in range(seeds)], overlap, steps, z,

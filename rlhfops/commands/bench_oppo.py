@@ -45,9 +45,9 @@ def register_bench(bench_app: typer.Typer) -> None:
 
         from common.validate import check_out_file
         from rlhfops.console import make_console, progress
-        from training.bench_baseline import bench_settings, read_baseline, same_task
-        from training.config import load_config
-        from training.device import check_named_cuda
+        from training.benches.baseline import bench_settings, read_baseline, same_task
+        from training.job.config import load_config
+        from training.job.device import check_named_cuda
 
         if not 0.0 < target_frac <= 1.0:
             raise BadInput("--target-frac: must be in (0, 1]")
@@ -74,7 +74,7 @@ def register_bench(bench_app: typer.Typer) -> None:
                                   target_frac=target_frac)
         base = read_baseline(baseline, settings, "--baseline") if baseline is not None else None
         # torch: only once the config and baseline are known good, so an error is reported in about a second
-        from training.bench import (
+        from training.benches.oppo import (
             DEFAULT_VARIANTS,
             Variant,
             ablation_variants,

@@ -1,4 +1,4 @@
-"""`rlhfops canary`: parse, run the canaries (`training/canaries.py`), print the table."""
+"""`rlhfops canary`: parse, run the canaries (`training/benches/canaries.py`), print the table."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from common.errors import BadInput
-from training.canaries import CANARIES, run_canary
+from training.benches.canaries import CANARIES, run_canary
 
 
 def register(app: typer.Typer) -> None:

@@ -26,8 +26,8 @@ def register(app: typer.Typer) -> None:
 
         from common.config import read_yaml_mapping
         from eval.detectors import DEFAULT_DETECTOR
-        from training.lifecycle import JOB_DONE, paused_run
-        from training.request import parse_detector, parse_request
+        from training.job.lifecycle import JOB_DONE, paused_run
+        from training.job.request import parse_detector, parse_request
 
         gate = parse_detector(detector, "--detector")  # checked before the run directory is read
         if not (run_dir / JOB_DONE).is_file():

@@ -19,7 +19,7 @@ LABELLED_CONFIGS = {"ppo-hack": 1, "ppo-healthy": 0}
 
 
 def record(configs: dict[str, int], seeds: list[int], steps: int | None, out_dir: Path, progress=None) -> pd.DataFrame:
-    from training.config import load_config
+    from training.job.config import load_config
     from training.trainer import train
 
     rows = []
@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         """Train configs/ppo-hack.yaml (label 1) and configs/ppo-healthy.yaml (label 0) for each seed and write
         their eval-gate checkpoints as one Trace CSV (with the gate's standard error in `eval_se`)."""
         from rlhfops.commands.args import parse_seeds
-        from training.config import load_config
+        from training.job.config import load_config
 
         seed_list = parse_seeds(seeds)
         if not seed_list:

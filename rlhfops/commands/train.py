@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train a policy with PPO (+ OPPO overlap); writes OUT/metrics.csv, OUT/checkpoints/, OUT/summary.json."""
         from common.validate import check_out_dir, check_out_file
-        from training.request import build, job_name, parse_detector, parse_request
+        from training.job.request import build, job_name, parse_detector, parse_request
 
         if label not in (None, 0, 1):
             raise BadInput("--label: must be 0 (healthy) or 1 (hacking)")
@@ -56,8 +56,8 @@ def register(app: typer.Typer) -> None:
         # torch: only once the request is known good, so a config error is reported in under a second
 
         from rlhfops.console import Progress, make_console
-        from training.lifecycle import JOB_DONE, JobHooks, job_record, run_job
-        from training.rundir import locked_run_dir
+        from training.job.lifecycle import JOB_DONE, JobHooks, job_record, run_job
+        from training.job.rundir import locked_run_dir
         from training.trace import export_trace
         from training.trainer import Trainer
 
@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
             outcome = run_job(spec, hooks=TrainHooks(), supervisor=supervisor)
         if outcome.error is not None:
             from eval.attribution import TenantCodeError
-            from training.device import DeviceOutOfMemory
+            from training.job.device import DeviceOutOfMemory
 
             if isinstance(outcome.error, TenantCodeError):  # the tenant's: one line, examples in OUT/job.json
                 record = job_record(outcome)

@@ -1,4 +1,4 @@
-"""The top-level `algorithm` (ppo | grpo | rloo) and the ppo fields it governs (training/config.py).
+"""The top-level `algorithm` (ppo | grpo | rloo) and the ppo fields it governs (training/job/config.py).
 
 Bad settings go through the real CLI (`rlhfops train CONFIG`, in-process as tests/cli/test_bad_input.py runs it, the
 trainer tripwired): each exits 2 with one stderr line naming the field, before any work and without writing a file.
@@ -15,7 +15,7 @@ import pytest
 from cli_helpers import WorkStarted, run_cli
 
 from tests.cli.test_bad_input import ppo_yaml
-from training.config import TrainConfig, resolve_config
+from training.job.config import TrainConfig, resolve_config
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -37,13 +37,13 @@ def scratch(tmp_path, monkeypatch):
     import scheduling.experiments
     import scheduling.reproduce
     import studies.detector_report
-    import training.bench
+    import training.benches.oppo
     import training.trainer
 
     for target in (
         (training.trainer, "Trainer"), (training.trainer, "train"), (scheduling.experiments, "run_units"),
         (scheduling.reproduce, "run_all"), (studies.detector_report, "run_report"),
-        (scheduling.bench, "bench_matrix"), (training.bench, "bench_oppo"), (bench_health, "bench_health"),
+        (scheduling.bench, "bench_matrix"), (training.benches.oppo, "bench_oppo"), (bench_health, "bench_health"),
         (flowrun, "start_prefect_api"), (nightly, "start_prefect_api"), (traces, "record"),
         (canary, "run_canary"),
     ):
@@ -278,7 +278,7 @@ def test_the_table_is_the_audit_and_more():
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs").glob("ppo-*.yaml")))
 def test_shipped_training_configs_validate(name, monkeypatch):
-    from training.config import load_config
+    from training.job.config import load_config
 
     if name == "ppo-qwen2-0.5b":  # a GPU job, sized for a GPU box's memory (its estimate is ~72 GiB), not this one's
         monkeypatch.setenv("RLHFOPS_MEMORY_LIMIT_GIB", "128")
@@ -338,8 +338,9 @@ def test_run_ids_that_look_like_missing_values_are_ids(tmp_path):
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
 def test_parameter_count_matches_the_built_model(arch):
     """The memory estimate's parameter count against transformers' own model (the independent oracle)."""
-    from training.config import ModelConfig, parameter_count
-    from training.models import build_causal_lm, make_tokenizer
+    from training.inputs.tokenizer import make_tokenizer
+    from training.job.config import ModelConfig, parameter_count
+    from training.models import build_causal_lm
 
     tok = make_tokenizer()
     mc = ModelConfig(arch=arch, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=48)
@@ -348,15 +349,15 @@ def test_parameter_count_matches_the_built_model(arch):
 
 
 def test_byte_vocab_constant_is_the_tokenizer():
-    from training.config import BYTE_VOCAB
-    from training.models import make_tokenizer
+    from training.inputs.tokenizer import make_tokenizer
+    from training.job.config import BYTE_VOCAB
 
     assert make_tokenizer().vocab_size == BYTE_VOCAB
 
 
 def test_memory_limit_is_the_environment_variable(monkeypatch):
     """The same config passes under a roomy limit and fails under a tiny one, naming how to raise it."""
-    from training.config import load_config
+    from training.job.config import load_config
 
     monkeypatch.setenv("RLHFOPS_MEMORY_LIMIT_GIB", "64")
     load_config(REPO / "configs" / "ppo-tiny.yaml")
@@ -373,7 +374,7 @@ def test_weights_count_in_the_memory_estimate(tmp_path, monkeypatch):
     its weights: actor + Adam + reference >= 20 B per parameter, far over a 100 GiB limit."""
     import re
 
-    from training.config import load_config
+    from training.job.config import load_config
 
     monkeypatch.setenv("RLHFOPS_MEMORY_LIMIT_GIB", "100")
     h, layers, inter = 8192, 64, 16384
@@ -405,7 +406,7 @@ def test_flow_parameters_go_through_the_same_validators(tmp_path):
 
 def test_a_job_request_goes_through_the_same_config_validators(tmp_path):
     """The rlhf-job flow's request gets the config loader's one-line errors, naming the override or the field."""
-    from training.request import parse_request
+    from training.job.request import parse_request
 
     def job(**fields):
         return parse_request({"out_root": str(tmp_path / "runs"), **fields}).checked()
@@ -441,7 +442,7 @@ def test_every_numeric_config_field_rejects_nan_inf_and_1e308(monkeypatch):
     (as an override on a shipped config) is one BadInput naming that field."""
     from scheduling.config import ExperimentConfig
     from scheduling.experiments import load_experiment
-    from training.config import TrainConfig, resolve_config
+    from training.job.config import TrainConfig, resolve_config
 
     monkeypatch.setenv("RLHFOPS_MEMORY_LIMIT_GIB", "16")
     checked = 0

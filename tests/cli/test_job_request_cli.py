@@ -25,10 +25,10 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def scratch(tmp_path, monkeypatch):
     import rlhfops.commands.flowrun as flowrun
-    import training.lifecycle
+    import training.job.lifecycle
     import training.trainer
 
-    for target in ((training.trainer, "Trainer"), (training.lifecycle, "run_job"), (flowrun, "start_prefect_api"),
+    for target in ((training.trainer, "Trainer"), (training.job.lifecycle, "run_job"), (flowrun, "start_prefect_api"),
                    (flowrun, "run_flow")):
         monkeypatch.setattr(*target, _tripwire)
     monkeypatch.setattr(flowrun, "prefect_env", lambda verbose=False: None)  # would set this process's environment

@@ -66,7 +66,7 @@ def test_wheel_install_runs_simulate_from_another_directory(installed, tmp_path)
 
     # every shipped-config lookup below the CLI, by `configs/...` path and by default, from this directory
     loads = _run(installed, work, sys.executable, "-c", (
-        "from training.config import load_config; from infra.ledger import load_prices;"
+        "from training.job.config import load_config; from infra.ledger import load_prices;"
         "from eval.health import load_alerts_config; from eval.detectors import make_detector;"
         "print(load_config('configs/ppo-tiny.yaml').name, load_prices().gpu_hour['cpu'],"
         " len(load_alerts_config().alerts), type(make_detector('divergence')).__name__)"))

@@ -166,7 +166,7 @@ def test_what_each_algorithm_has_matches_the_trainer():
     """eval/ does not import training/: its table of what each algorithm's runs report is checked here against the
     trainer's own (a critic: `uses_critic`; groups: every algorithm but ppo samples several completions a prompt)."""
     from eval.health import ALGORITHM_HAS
-    from training.config import ALGORITHMS, TrainConfig, uses_critic
+    from training.job.config import ALGORITHMS, TrainConfig, uses_critic
 
     assert set(ALGORITHM_HAS) == set(ALGORITHMS)
     for algorithm in ALGORITHMS:

@@ -239,7 +239,7 @@ def test_through_optuna_a_worse_trial_is_pruned_and_a_better_one_completes(tmp_p
 
 
 def test_a_minimising_sweep_that_keeps_each_trials_highest_score_agrees_with_the_pruner(tmp_path):
-    # sweep trials keep their highest held-out score in either direction (training.lifecycle.best_of); a minimising
+    # sweep trials keep their highest held-out score in either direction (training.job.lifecycle.best_of); a minimising
     # study ranks trials by it. Optuna's value (best_value, the intermediate values) is that highest score, and a
     # trial whose highest so far is already no lower than a finished trial's can only get worse: pruned there
     study = optuna.create_study(direction="minimize", pruner=IncumbentPruner())

@@ -230,7 +230,7 @@ def test_two_trains_on_one_run_directory_one_runs_the_other_exits_2(tmp_path):
     import pandas as pd
 
     from flows.nightly import nightly_job_config
-    from training.config import resolve_config
+    from training.job.config import resolve_config
 
     cfg = resolve_config(nightly_job_config(6, str(tmp_path / "cache")), TINY_JOB)
     config = tmp_path / "tiny.yaml"

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from infra import tracking as T
-from training.rundir import locked_run_dir
+from training.job.rundir import locked_run_dir
 
 #: a smaller job than the nightly's (fewer reward-model pairs and SFT steps) so the tests stay short
 TINY_JOB = {"task.n_pairs": 200, "task.sft_steps": 60, "ppo.batch_size": 16, "ppo.max_new_tokens": 24}

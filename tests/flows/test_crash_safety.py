@@ -155,7 +155,7 @@ def test_a_reopened_parent_run_is_owned_by_the_process_that_reopened_it(store):
 
 def test_a_second_writer_gets_one_line_naming_the_directory_and_holder(tmp_path):
     from common.errors import BadInput
-    from training.rundir import RunDirBusy, locked_run_dir
+    from training.job.rundir import RunDirBusy, locked_run_dir
 
     with locked_run_dir(tmp_path / "run"):
         with pytest.raises(RunDirBusy) as err:
@@ -176,7 +176,7 @@ def test_a_writer_that_loses_the_race_by_milliseconds_still_names_the_holder(tmp
 
     from filelock import FileLock
 
-    from training.rundir import HOLDER_NAME, LOCK_NAME, RunDirBusy, locked_run_dir
+    from training.job.rundir import HOLDER_NAME, LOCK_NAME, RunDirBusy, locked_run_dir
 
     run = tmp_path / "run"
     run.mkdir()
@@ -195,11 +195,11 @@ def test_a_writer_that_loses_the_race_by_milliseconds_still_names_the_holder(tmp
 
 
 def test_the_lock_is_held_across_processes_and_freed_by_kill_9(tmp_path):
-    from training.rundir import RunDirBusy, locked_run_dir
+    from training.job.rundir import RunDirBusy, locked_run_dir
 
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
-        from training.rundir import locked_run_dir
+        from training.job.rundir import locked_run_dir
         with locked_run_dir({str(tmp_path / 'run')!r}):
             print('held', flush=True)
             time.sleep(120)
@@ -217,7 +217,7 @@ def test_the_lock_is_held_across_processes_and_freed_by_kill_9(tmp_path):
 
 
 def test_train_on_a_locked_run_directory_exits_2_before_any_work(tmp_path):
-    from training.rundir import locked_run_dir
+    from training.job.rundir import locked_run_dir
 
     out = tmp_path / "run"
     t0 = time.time()

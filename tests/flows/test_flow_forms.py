@@ -73,13 +73,13 @@ def test_choices_match_the_domain_registries():
     from eval.registry import EARLY_STOP_DETECTORS
     from infra.provision import RUNNERS
     from scheduling.experiments import EXPERIMENTS
-    from training.canaries import CANARIES
-    from training.config import ALGORITHMS
+    from training.benches.canaries import CANARIES
+    from training.job.config import ALGORITHMS
     from training.trainer import OVERLAPS
 
     job = _model_fields("flows/rlhf_job.py:rlhf_job", "request")
     assert sorted(_enum(job["overlap"])) == sorted(OVERLAPS)
-    assert _enum(job["algorithm"]) == list(ALGORITHMS)  # the form's drop-down: training.config's algorithms
+    assert _enum(job["algorithm"]) == list(ALGORITHMS)  # the form's drop-down: training.job.config's algorithms
     assert sorted(_enum(job["detector"])) == sorted(EARLY_STOP_DETECTORS)
     assert _enum(job["detector"])[0] == job["detector"]["default"] == DEFAULT_DETECTOR
     assert _enum(_model_fields("flows/simulate.py:scheduling_experiment", "request")["experiment"]) == EXPERIMENTS

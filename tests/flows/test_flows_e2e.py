@@ -78,7 +78,7 @@ def test_sweep_survives_30pct_injected_failures_with_one_run_per_unit(prefect_se
     from scheduling.request import ExperimentRequest
     from tasks.retry import fault_site
     from tasks.tracking import VARIANT_FAULT_SITES
-    from training.request import JobInternals
+    from training.job.request import JobInternals
 
     seeds = [42, 123]
     state = scheduling_experiment(ExperimentRequest(experiment="E6", seeds=seeds, out_dir=str(tmp_path / "E6"),

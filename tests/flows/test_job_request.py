@@ -1,4 +1,4 @@
-"""One typed job request (`training/request.py`) from every entry point: what it refuses, where it lets a job
+"""One typed job request (`training/job/request.py`) from every entry point: what it refuses, where it lets a job
 write, the one supervisor it builds, and the run form Prefect makes of it.
 
 Oracles: paths worked out by hand (os.path on the root the test made), the bounds as typed in the test, the
@@ -27,7 +27,7 @@ ESCAPING_NAMES = ["../../../../tmp/x", "..", "a/b", "/abs", "", " acme", "Acme",
 @pytest.mark.parametrize("field", ["tenant", "name", "registered_model"])
 @pytest.mark.parametrize("value", ESCAPING_NAMES)
 def test_names_are_identifiers_and_the_error_names_the_field(field, value):
-    from training.request import parse_request
+    from training.job.request import parse_request
 
     with pytest.raises(BadInput) as err:
         parse_request({field: value})
@@ -37,7 +37,7 @@ def test_names_are_identifiers_and_the_error_names_the_field(field, value):
 
 @pytest.mark.parametrize("value", ["acme", "a", "t0", "kl_sweep-1", "a" * 63])
 def test_valid_names_pass(value):
-    from training.request import parse_request
+    from training.job.request import parse_request
 
     req = parse_request({"tenant": value, "name": value})
     assert req.out_dir == Path("runs/jobs") / value / value
@@ -52,7 +52,7 @@ def test_valid_names_pass(value):
     ({"algorithm": "dpo"}, "algorithm"), ({"group_size": 0}, "group_size"),
 ])
 def test_out_of_range_and_unknown_fields_are_one_line_naming_the_field(fields, field):
-    from training.request import parse_request
+    from training.job.request import parse_request
 
     with pytest.raises(BadInput) as err:
         parse_request(fields)
@@ -61,7 +61,7 @@ def test_out_of_range_and_unknown_fields_are_one_line_naming_the_field(fields, f
 
 
 def test_the_run_directory_stays_inside_the_output_root(tmp_path):
-    from training.request import parse_request
+    from training.job.request import parse_request
 
     root = tmp_path / "root"
     (tmp_path / "outside").mkdir()
@@ -78,7 +78,7 @@ def test_the_run_directory_stays_inside_the_output_root(tmp_path):
 
 
 def test_checked_reads_every_file_once_and_names_the_field(tmp_path):
-    from training.request import parse_request
+    from training.job.request import parse_request
 
     good = parse_request({"out_root": str(tmp_path), "steps": 7, "overrides": {"ppo.kl_coef": 0.2}}).checked()
     assert good.config.steps == 7 and good.config.ppo.kl_coef == 0.2 and "cpu" in good.gpu_hour
@@ -96,7 +96,7 @@ def test_checked_reads_every_file_once_and_names_the_field(tmp_path):
 
 def test_one_price_check_for_jobs_and_sweeps(tmp_path):
     from tasks.sweep import prepare
-    from training.request import check_gpu_kind
+    from training.job.request import check_gpu_kind
 
     prices = tmp_path / "prices.yaml"
     prices.write_text(yaml.safe_dump({"gpu_hour": {"a10": "1.10"}}))
@@ -112,7 +112,7 @@ def test_one_price_check_for_jobs_and_sweeps(tmp_path):
 
 def test_build_gives_the_supervisor_its_planned_steps_detector_and_charges(tmp_path):
     from eval.detectors import DEFAULT_DETECTOR
-    from training.request import build, parse_request
+    from training.job.request import build, parse_request
 
     req = parse_request({"out_root": str(tmp_path), "steps": 13, "gpus": 2, "gpu_kind": "h100",
                          "tenant": "globex", "name": "j"})
@@ -130,8 +130,8 @@ def test_the_forms_algorithm_reaches_the_same_config_as_the_overrides(tmp_path):
     """The typed `algorithm` and `group_size` (the form's drop-down and number) set the config fields `overrides`
     would, the algorithm's defaults following; a request that says two things is refused naming the field, and so
     is a combination the config refuses (grpo with one completion per prompt), before anything is provisioned."""
-    from training.config import uses_critic
-    from training.request import parse_request
+    from training.job.config import uses_critic
+    from training.job.request import parse_request
 
     typed = parse_request({"out_root": str(tmp_path), "algorithm": "grpo", "group_size": 4}).checked().config
     dotted = parse_request({"out_root": str(tmp_path),
@@ -168,7 +168,7 @@ def _calls(name: str) -> list[str]:
 
 def test_one_place_makes_a_run_supervisor():
     sites = _calls("RunSupervisor")
-    assert len(sites) == 1 and sites[0].startswith("training/lifecycle.py:"), sites
+    assert len(sites) == 1 and sites[0].startswith("training/job/lifecycle.py:"), sites
 
 
 def test_each_flow_is_one_function():

@@ -1,4 +1,4 @@
-"""What a platform round's jobs.csv says ended each job (`training.lifecycle.ended_by`, the `decision` column that
+"""What a platform round's jobs.csv says ended each job (`training.job.lifecycle.ended_by`, the `decision` column that
 `flows/platform_round.py: platform_job` writes): a job a paging alert failed states the alert and the step it paged
 at, not the training loop's "paused" (the alert's pause action stops the loop at the next checkpoint, and the run then
 ends FAILED).
@@ -35,7 +35,7 @@ class KLTrainer:
 def _run(spike, pausable=True, observe=None, steps=10):
     from types import SimpleNamespace
 
-    from training.lifecycle import JobHooks, JobSpec, make_supervisor, run_job
+    from training.job.lifecycle import JobHooks, JobSpec, make_supervisor, run_job
 
     trainer = KLTrainer(spike)
 
@@ -49,7 +49,7 @@ def _run(spike, pausable=True, observe=None, steps=10):
 
 
 def test_a_job_a_paging_alert_failed_states_the_alert_and_its_step_not_paused():
-    from training.lifecycle import decided_by, ended_by
+    from training.job.lifecycle import decided_by, ended_by
 
     out = _run(KL_SPIKE)
     assert [e.alert for e in out.supervisor.machine.pages] == ["kl_blowup"]  # the only alert that paged
@@ -61,7 +61,7 @@ def test_a_job_a_paging_alert_failed_states_the_alert_and_its_step_not_paused():
 
 
 def test_a_gate_stop_and_a_healthy_run_keep_their_words():
-    from training.lifecycle import decided_by, ended_by
+    from training.job.lifecycle import decided_by, ended_by
 
     healthy = _run({})
     assert healthy.status.state.value == "SUCCEEDED" and ended_by(healthy) == "completed"
@@ -76,7 +76,7 @@ def test_decided_by_names_the_pruner_a_hooks_stopper_the_supervisors_gate_and_a_
     at a person's request or for a budget, the supervisor's own gate detector, a worker that dies."""
     from types import SimpleNamespace
 
-    from training.lifecycle import JobHooks, JobSpec, decided_by, job_record, make_supervisor, run_job
+    from training.job.lifecycle import JobHooks, JobSpec, decided_by, job_record, make_supervisor, run_job
 
     pruned = _run({}, pausable=False, observe=lambda step, m: "pruned" if step == 4 else None)
     assert pruned.status.state.value == "SUCCEEDED" and pruned.decision == "stopped"

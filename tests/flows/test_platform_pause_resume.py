@@ -21,7 +21,7 @@ from common.errors import BadInput
 def test_a_round_resumes_the_job_its_scheduler_paused(prefect_server, mlflow_store, tmp_path, warm_start_cache,
                                                        tiny_platform_job):
     from flows.platform_round import platform_job_config, platform_round
-    from training.lifecycle import JOB_DONE
+    from training.job.lifecycle import JOB_DONE
 
     steps = 8
     gate_every = platform_job_config(steps, str(warm_start_cache))["eval_every"]

@@ -79,7 +79,7 @@ def run_everywhere(tmp_path, cache, capsys, monkeypatch, steps: int) -> dict:
     from flows.rlhf_job import rlhf_job
     from sweeps.runner import SweepRunner
     from tasks.sweep import MlflowSweepTracker, prepare
-    from training.lifecycle import JOB_DONE
+    from training.job.lifecycle import JOB_DONE
 
     base = platform_job_config(steps, str(cache))
     out = {}
@@ -188,7 +188,7 @@ def test_a_job_an_alert_failed_says_the_alert_decided(prefect_server, mlflow_sto
     decided (the training loop's own word was `paused`)."""
     from flows.params import platform_job_config
     from flows.rlhf_job import JobFailed, rlhf_job
-    from training.lifecycle import JOB_DONE
+    from training.job.lifecycle import JOB_DONE
     from training.trainer import Trainer
 
     replay_gate(monkeypatch, GATE_RISES)
@@ -234,8 +234,9 @@ def test_the_round_and_train_decide_the_gameable_job_alike_with_the_paired_rule(
                                                                                 warm_start_cache, capsys, monkeypatch):
     """The default round's gameable job gated by the paired rule named without parameters (`Paired+SRTF`, the round's
     default scheduler, and `rlhfops train --detector paired`): both requests carry it with the platform's margin of
-    0.1 (training.request.DETECTOR_DEFAULTS), fitted to the job's planned looks by the one builder; the same end state
-    at the same step on the same evidence. Which verdict it is depends on the warm start the cache holds (a gate pause,
+    0.1 (training.job.request.DETECTOR_DEFAULTS), fitted to the job's planned looks by the one builder; the same end
+    state at the same step on the same evidence. Which verdict it is depends on the warm start the cache holds (a gate
+    pause,
     or the KL alert first: docs/orchestration.md); a pause's difference is recomputed by hand from the round's
     gate_records.csv and comes after the job's gate peak, keeping an earlier checkpoint."""
     from cli_helpers import run_cli_output
@@ -243,7 +244,7 @@ def test_the_round_and_train_decide_the_gameable_job_alike_with_the_paired_rule(
     from common.validate import set_dotted
     from flows.params import DEFAULT_JOBS, platform_job_config
     from flows.platform_round import platform_round
-    from training.lifecycle import JOB_DONE
+    from training.job.lifecycle import JOB_DONE
 
     (job,) = [j for j in DEFAULT_JOBS if j["name"] == "gameable"]
     steps = 24

@@ -162,7 +162,7 @@ def test_the_run_form_tells_a_user_how_to_name_their_data_and_reward(tmp_path):
     for key in ('"task.train"', '"reward.ref": "my_reward.py:score"'):
         assert key in overrides, overrides
     # the examples in the descriptions are valid: the overrides they show resolve against a dataset config
-    from training.request import parse_request
+    from training.job.request import parse_request
 
     config_path = TENANT.write_job(tmp_path / "tenant", "my_reward.py:score")
     checked = parse_request({"config": str(config_path), "out_root": str(tmp_path / "jobs"),
@@ -193,7 +193,7 @@ def test_the_nightly_job_stage_runs_a_grpo_config(tmp_path):
     algorithm, with the config's group size and no critic), and the algorithm becomes the nightly run's
     `job_algorithm` param; job_overrides may switch an algorithm too."""
     from flows.nightly_check import check_nightly, nightly_job_request
-    from training.config import uses_critic
+    from training.job.config import uses_critic
 
     grpo = Path(__file__).resolve().parents[2] / "configs" / "grpo-arith.yaml"
     plan = check_nightly(quick=True, experiments=[], canaries=[], sweep=False, job_config=str(grpo), job_steps=8,

@@ -33,7 +33,7 @@ def test_the_parameters_bind_to_the_flow_and_validate_against_its_deployed_schem
     from prefect.utilities.schema_tools import validate
 
     from infra.deployments import job_parameters
-    from training.request import JobRequest
+    from training.job.request import JobRequest
 
     params = job_parameters(JOB, {"retry_delay_s": 0.5})
     assert set(params) == {"request", "internals"}

@@ -134,9 +134,9 @@ def test_a_runs_row_names_its_jobs_algorithm():
 
 
 def test_the_job_supervisor_describes_its_run_in_the_ledger(tmp_path):
-    """The one place a job's supervisor is made (`training.lifecycle.make_supervisor`, through the request's `build`)
-    tells the ledger the job's algorithm, so every entry point's ledger rows carry it."""
-    from training.request import build, parse_request
+    """The one place a job's supervisor is made (`training.job.lifecycle.make_supervisor`, through the request's
+    `build`) tells the ledger the job's algorithm, so every entry point's ledger rows carry it."""
+    from training.job.request import build, parse_request
 
     ledger = Ledger(PRICES)
     for run_id, fields in (("ppo-run", {}), ("grpo-run", {"algorithm": "grpo", "group_size": 4})):

@@ -8,7 +8,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from training.config import resolve_config
+from training.job.config import resolve_config
 
 REPO = Path(__file__).resolve().parents[2]
 ARITH = REPO / "configs" / "ppo-arith.yaml"
@@ -68,7 +68,7 @@ def test_the_algorithm_reads_back_from_mlflow_as_a_tag_and_params(mlflow_store):
 
     from flows.rlhf_job import log_lineage
     from infra import tracking as T
-    from training.inputs import algorithm_params
+    from training.inputs.job_inputs import algorithm_params
 
     ids = {}
     for algorithm, over in (("ppo", {}), ("grpo", {"algorithm": "grpo", "ppo.group_size": 4})):

@@ -144,7 +144,7 @@ def two_prompt_sets(tmp_path_factory, warm_start_cache):
     sys.path.insert(0, str(Path(__file__).parents[1] / "sweeps"))
     from sweep_helpers import BASE
 
-    from training.config import resolve_config
+    from training.job.config import resolve_config
     from training.trainer import Trainer
 
     out = {}

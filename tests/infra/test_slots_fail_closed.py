@@ -232,7 +232,7 @@ def test_a_job_without_slots_ends_failed_with_the_reason_nothing_trained_nothing
     from flows.rlhf_job import rlhf_job
     from infra import provision
     from infra import tracking as T
-    from training.lifecycle import JOB_DONE
+    from training.job.lifecycle import JOB_DONE
 
     monkeypatch.setattr(provision, "_slot_pools", {})  # a pool made earlier in the session would not ask the server
     monkeypatch.setenv("RLHFOPS_SLOTS_WAIT_S", "1")

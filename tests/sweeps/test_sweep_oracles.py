@@ -44,7 +44,7 @@ def scripted(monkeypatch):
     """The lifecycle's worker and the gold scorer, scripted from CURVES. Returns the held-out score of each
     checkpoint path written."""
     from training import trainer as trainer_module
-    from training.lifecycle import JobHooks
+    from training.job.lifecycle import JobHooks
 
     score_of: dict[str, tuple[float, float]] = {}
 
@@ -227,7 +227,7 @@ def test_run_trial_whose_training_raises_is_failed_with_the_error_and_keeps_its_
 
 def test_run_trial_whose_worker_cannot_start_is_failed_at_zero_steps(tmp_path, scripted, monkeypatch):
     from sweeps.runner import run_trial
-    from training.lifecycle import JobHooks
+    from training.job.lifecycle import JobHooks
 
     def no_worker(self, spec):
         raise RuntimeError("no GPU free")

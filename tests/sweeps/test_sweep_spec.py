@@ -141,7 +141,7 @@ def test_a_spec_may_search_the_algorithm_and_the_group_size():
 
     from sweeps.runner import distributions
     from sweeps.spec import check_against_job, parse_spec, trial_config
-    from training.config import uses_critic
+    from training.job.config import uses_critic
 
     spec = parse_spec({**GOOD, "space": {"algorithm": {"choice": ["ppo", "grpo", "rloo"]},
                                          "ppo.group_size": {"choice": [2, 4]},

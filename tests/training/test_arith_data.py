@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from training.rewards import gsm8k
+from training.inputs.rewards import gsm8k
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "make-arith-data"

@@ -1,4 +1,4 @@
-"""The bench's baseline comparison (training/bench.py `compare_with_baseline`): hand-built cases, and its error
+"""The bench's baseline comparison (training/benches/oppo.py `compare_with_baseline`): hand-built cases, and its error
 rates by simulation: how often it flags an unchanged tree (ratios redrawn from the same distribution, seeds paired)
 and how often it catches a real slowdown."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training.bench import RATIO_KEYS, comparable, compare_with_baseline
+from training.benches.oppo import RATIO_KEYS, comparable, compare_with_baseline
 
 MODES = ("intra", "inter", "full")
 
@@ -46,8 +46,8 @@ def test_comparable_names_the_setting_that_differs():
 
 
 def test_a_baseline_trained_with_another_config_is_refused():
-    from training.bench_baseline import bench_settings
-    from training.config import load_config
+    from training.benches.baseline import bench_settings
+    from training.job.config import load_config
 
     settings = bench_settings(load_config("configs/ppo-bench.yaml"), quick=True)
     same = {**settings, "ratios": {}}
@@ -106,8 +106,8 @@ def test_the_committed_baseline_compares_with_todays_config_and_not_with_a_gpu_r
     it with today's configs/ppo-bench.yaml (it was refused: 'device = None, this run's auto'); a run on CUDA, or in
     bfloat16, is not comparable with it."""
     from common.errors import BadInput
-    from training.bench_baseline import bench_settings, read_baseline
-    from training.config import load_config
+    from training.benches.baseline import bench_settings, read_baseline
+    from training.job.config import load_config
 
     root = Path(__file__).resolve().parents[2]
     baseline = root / "docs" / "bench" / "oppo-baseline.json"
@@ -122,8 +122,8 @@ def test_the_committed_baseline_compares_with_todays_config_and_not_with_a_gpu_r
 def test_also_config_must_train_the_same_task():
     """`bench oppo --also-config`: a second algorithm is judged against the first's targets only on the same task."""
     from common.errors import BadInput
-    from training.bench_baseline import same_task
-    from training.config import TrainConfig
+    from training.benches.baseline import same_task
+    from training.job.config import TrainConfig
 
     ppo = TrainConfig()
     grpo = TrainConfig(algorithm="grpo")

@@ -1,4 +1,4 @@
-"""`rlhfops bench gain` (training/bench_gain.py): the paired gain and its standard error by hand; the command on a
+"""`rlhfops bench gain` (training/benches/gain.py): the paired gain and its standard error by hand; the command on a
 tenant's tiny job writes every figure, scores every held-out prompt, and exits 1 when a seed's gain is not above
 `--z` standard errors."""
 
@@ -11,7 +11,7 @@ import pytest
 from cli_helpers import run_cli_output
 from tenant_job import write_job
 
-from training.bench_gain import paired_gain
+from training.benches.gain import paired_gain
 
 
 def test_the_paired_gain_and_its_standard_error_by_hand():

@@ -1,6 +1,6 @@
-"""`training.bench.markdown_table` on a result written by hand (two variants, two seeds)."""
+"""`training.benches.oppo.markdown_table` on a result written by hand (two variants, two seeds)."""
 
-from training.bench import markdown_table
+from training.benches.oppo import markdown_table
 
 
 def _mode(t_gold, t_gold_se, reached=2):

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from training.lifecycle import best_of
+from training.job.lifecycle import best_of
 from training.metrics import StepRecord
 
 
@@ -40,7 +40,7 @@ def test_a_paused_run_keeps_and_records_the_earlier_of_tied_checkpoints(tmp_path
     checkpoints with the same held-out score."""
     from types import SimpleNamespace
 
-    from training.lifecycle import JobHooks, JobSpec, job_record, paused_run, run_job
+    from training.job.lifecycle import JobHooks, JobSpec, job_record, paused_run, run_job
 
     held_out = {2: 0.4, 4: 0.6, 6: 0.6, 8: 0.5}
 
@@ -60,7 +60,7 @@ def test_a_paused_run_keeps_and_records_the_earlier_of_tied_checkpoints(tmp_path
             return Trainer()
 
         def score(self, spec, checkpoints):
-            from training.lifecycle import step_of
+            from training.job.lifecycle import step_of
 
             return [score(step_of(c), held_out.get(step_of(c), math.nan)) | {"checkpoint": c} for c in checkpoints]
 

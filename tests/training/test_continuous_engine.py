@@ -1,7 +1,7 @@
-"""The full-batch engine (training/continuous.py) against independent oracles.
+"""The full-batch engine (training/rollout/continuous.py) against independent oracles.
 
 1. Greedy: every sequence's tokens equal a plain loop's (one prompt at a time, full forward per token, no cache, no
-   padding) and the chunked reference engine's (training/engine.py, all rows in one batch at a near-zero
+   padding) and the chunked reference engine's (training/rollout/engine.py, all rows in one batch at a near-zero
    temperature), with prompts of different lengths, carried prefixes and a cap, so rows finish at different steps
    and slots are refilled.
 2. Sampling: the behaviour log-probs of every sampled token and the re-prefilled log-probs of carried tokens equal a
@@ -18,10 +18,11 @@ import pytest
 import torch
 from tiny_job import tiny_config
 
-from training.config import ModelConfig
-from training.continuous import ContinuousEngine, Entrant
-from training.engine import TransformersEngine, left_pad
-from training.models import build_causal_lm, make_tokenizer
+from training.inputs.tokenizer import make_tokenizer
+from training.job.config import ModelConfig
+from training.models import build_causal_lm
+from training.rollout.continuous import ContinuousEngine, Entrant
+from training.rollout.engine import TransformersEngine, left_pad
 from training.trainer import Trainer
 
 TINY = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)

@@ -1,4 +1,4 @@
-"""training/datafiles.py: a tenant's data files read into Arrow and checked.
+"""training/inputs/datafiles.py: a tenant's data files read into Arrow and checked.
 
 Each kind of bad data gives one BadInput line naming the file, the line (or row index) and the column; the four
 formats read the same rows, checked against rows written by hand with the json and csv modules (the oracle); chat
@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from common.errors import BadInput
-from training import datafiles
-from training.datafiles import byte_token_counts, load_datafile, overlap_count, read_table
+from training.inputs import datafiles
+from training.inputs.datafiles import byte_token_counts, load_datafile, overlap_count, read_table
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
-"""The job config's `device` and `dtype` (training/device.py): values refused before torch is imported, a CUDA device
-that is not there refused in one line before any model is built, the slot -> device rule, the GPU memory check,
+"""The job config's `device` and `dtype` (training/job/device.py): values refused before torch is imported, a CUDA
+device that is not there refused in one line before any model is built, the slot -> device rule, the GPU memory check,
 bfloat16 training on the CPU in every overlap mode, and a CUDA out-of-memory ending the job FAILED with its
 checkpoint kept and its slot released (the error injected on the CPU)."""
 
@@ -20,7 +20,7 @@ import yaml
 from tiny_job import tiny_config
 
 from common.errors import BadInput
-from training import device as D
+from training.job import device as D
 
 REPO = Path(__file__).resolve().parents[2]
 FIELDS = ("reward_mean", "kl", "entropy", "grad_norm", "clip_frac", "approx_kl", "adv_std", "loss_policy",
@@ -88,7 +88,7 @@ def test_bench_oppo_device_flag_overrides_the_config():
 
 
 def test_the_job_request_carries_device_and_dtype_into_the_config():
-    from training.request import parse_request
+    from training.job.request import parse_request
 
     request = parse_request({"config": str(REPO / "configs" / "ppo-tiny.yaml"), "device": "cpu",
                              "dtype": "bfloat16"})
@@ -126,7 +126,7 @@ def test_auto_is_the_cpu_without_cuda(monkeypatch):
 
 
 def test_the_gpu_memory_check_refuses_a_job_larger_than_the_free_memory(monkeypatch):
-    from training.config import TrainConfig, train_memory_bytes
+    from training.job.config import TrainConfig, train_memory_bytes
 
     cfg = TrainConfig.model_validate({"device": "cuda", "dtype": "float32"})
     need = train_memory_bytes(cfg)
@@ -157,7 +157,7 @@ def _yaml_copy(tmp_path, cache, **over) -> Path:
 
 @pytest.mark.parametrize("overlap", ["none", "intra", "inter", "full"])
 def test_bfloat16_on_the_cpu_trains_4_steps_with_finite_figures(cache, tmp_path, overlap):
-    from training.config import load_config
+    from training.job.config import load_config
     from training.trainer import Trainer
 
     cfg = load_config(_yaml_copy(tmp_path, cache, device="cpu", dtype="bfloat16"))
@@ -184,7 +184,7 @@ def test_bfloat16_on_the_cpu_trains_4_steps_with_finite_figures(cache, tmp_path,
 def test_bfloat16_forward_is_a_bfloat16_computation(cache, tmp_path):
     """The actor's logits under the trainer's autocast equal a plain forward of the actor with bfloat16 weights
     (within bfloat16's rounding), and differ from the float32 forward: the setting reaches the arithmetic."""
-    from training.config import load_config
+    from training.job.config import load_config
     from training.trainer import Trainer
 
     trainer = Trainer(load_config(_yaml_copy(tmp_path, cache, device="cpu", dtype="bfloat16")), "none")
@@ -203,8 +203,8 @@ def test_bfloat16_forward_is_a_bfloat16_computation(cache, tmp_path):
 # ------------------------------------------------------------------------------------------------ out of memory
 def test_a_cuda_out_of_memory_ends_the_job_failed_with_its_checkpoint_kept_and_its_slot_released(cache, tmp_path,
                                                                                              monkeypatch):
-    from training.config import load_config
-    from training.lifecycle import JobHooks, JobSpec, run_job
+    from training.job.config import load_config
+    from training.job.lifecycle import JobHooks, JobSpec, run_job
     from training.trainer import Trainer
 
     real_step = Trainer.train_step
@@ -242,7 +242,7 @@ def test_a_cuda_out_of_memory_ends_the_job_failed_with_its_checkpoint_kept_and_i
 def test_a_checkpoint_from_another_device_scores_and_resumes_here(cache, tmp_path):
     """A checkpoint whose config says `device: cuda` and whose sampling generator is a CUDA one (as a GPU job writes
     it) is scored on this CPU machine (the same figures as scoring it on the CPU by name) and resumes here."""
-    from training.config import load_config
+    from training.job.config import load_config
     from training.trainer import Trainer, gold_eval, latest_checkpoint
 
     cfg = load_config(_yaml_copy(tmp_path, cache, device="cpu"))

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from training.config import TrainConfig
+from training.job.config import TrainConfig
 from training.trainer import Trainer
 
 
@@ -146,7 +146,7 @@ def canary_cache(tmp_path_factory):
 def test_canary(canary_cache, name):
     from eval.health import Catalog
     from infra.ledger import Ledger, PriceTable
-    from training.canaries import CANARIES, run_canary
+    from training.benches.canaries import CANARIES, run_canary
 
     canary = {c.name: c for c in CANARIES}[name]
     catalog = Catalog.from_file(None, algorithm="ppo", profile="canary")

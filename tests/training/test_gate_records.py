@@ -4,7 +4,7 @@ records' mean is the gate's reported mean (recomputed here from the CSV), and th
 their budget and in held-out order.
 
 The gate's extension on close decisions (eval/supervisor.py `RunSupervisor.observe(prompts=, extend=)`,
-training/lifecycle.py `gate_evidence`): while the paired rule is undecided and its point estimate says decline, the
+training/job/lifecycle.py `gate_evidence`): while the paired rule is undecided and its point estimate says decline, the
 supervisor asks for more prompts for the two checkpoints in question, the rule decides again, and the extra eval
 seconds land in the tenant's ledger `eval` phase. Oracles: a running total of the seconds the fake gate handed out;
 the rule's verdict before and after, from scores whose decline the test chose."""
@@ -20,9 +20,9 @@ from eval.health import Catalog
 from eval.paired import PairedStop, Verdict
 from eval.supervisor import RunSupervisor
 from infra.ledger import Ledger
-from training.config import TrainConfig
 from training.gate import GATE_RECORDS, RECORD_COLUMNS, batch_seed, heldout_batches
-from training.lifecycle import gate_evidence
+from training.job.config import TrainConfig
+from training.job.lifecycle import gate_evidence
 from training.metrics import StepRecord
 from training.trace import export_prompt_records
 from training.trainer import Trainer, gold_eval, latest_checkpoint
@@ -41,7 +41,7 @@ def varied_gold(prompt: str, text: str, cfg) -> float:
 @pytest.fixture(scope="module")
 def scorer():
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("training.scorers.gold_score", varied_gold)
+        mp.setattr("training.inputs.scorers.gold_score", varied_gold)
         yield varied_gold
 
 

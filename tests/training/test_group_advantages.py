@@ -1,6 +1,6 @@
-"""Critic-free advantages (training/ppo.py `group_advantages`, `group_stats`, `k3_kl`) against numbers worked out
-by hand: every expected value below is a literal, derived in the comment above it, never a second call of the code
-under test.
+"""Critic-free advantages (training/algorithms/core_algos.py `group_advantages`, `group_stats`, `k3_kl`) against
+numbers worked out by hand: every expected value below is a literal, derived in the comment above it, never a second
+call of the code under test.
 
 GRPO (Shao et al. 2024; TRL's GRPOTrainer): A_i = (r_i - mean_g) / (std_g + 1e-4), std_g the group's *unbiased*
 standard deviation (torch's default, as TRL's `rewards.view(-1, G).std(dim=1)`). Dr. GRPO (scale_rewards none):
@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-from training import ppo as P
+from training.algorithms import core_algos as P
 
 NAN = float("nan")
 

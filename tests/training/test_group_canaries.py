@@ -2,7 +2,8 @@
 returns a constant from step `FAULT_AT` on has every group flat, and the catalog built for its algorithm (the
 `canary` profile, as `rlhfops canary`) pages `flat_groups` exactly `persist` steps later and moves the run state;
 the same job without the fault stays quiet and succeeds. A few seconds each: the tiny config of the trainer tests,
-not the canary command's 32-sample jobs (those are `grpo_control` / `grpo_constant_reward` in training/canaries.py,
+not the canary command's 32-sample jobs (those are `grpo_control` / `grpo_constant_reward` in
+training/benches/canaries.py,
 run by tests/training/test_faults_canaries.py)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 
 from eval.states import RunState
 from tests.training.tiny_job import tiny_config
-from training.lifecycle import JobSpec, run_job
+from training.job.lifecycle import JobSpec, run_job
 
 STEPS, FAULT_AT = 12, 3
 #: flat_groups' persistence (configs/alerts.yaml): the constant reward's first flat step is FAULT_AT + 1
@@ -69,7 +70,7 @@ def test_metrics_csv_rows_give_the_same_alerts(cache, tmp_path, fault):
     catalog: the replay pages exactly what the live run paged."""
     from dataclasses import replace
 
-    from training.lifecycle import make_supervisor, read_history, replay
+    from training.job.lifecycle import make_supervisor, read_history, replay
 
     spec = replace(grpo_job(cache, fault), out_dir=tmp_path / "run", run_id=f"grpo-{fault}-dir")
     live = run_job(spec)
@@ -82,7 +83,7 @@ def test_metrics_csv_rows_give_the_same_alerts(cache, tmp_path, fault):
 def test_a_job_request_builds_its_catalog_for_its_algorithm(tmp_path):
     """The platform's entry (`JobRequest.checked`, what rlhf-job and the rounds start from) builds the catalog for the
     request's algorithm too, not ppo's for every job."""
-    from training.request import parse_request
+    from training.job.request import parse_request
 
     grpo = parse_request({"out_root": str(tmp_path), "overrides": {"algorithm": "grpo", "ppo.group_size": 4}})
     catalog = grpo.checked().catalog

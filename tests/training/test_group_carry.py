@@ -23,8 +23,8 @@ import pytest
 import torch
 from tiny_job import tiny_config
 
-from training.config import TrainConfig
-from training.continuous import ContinuousEngine
+from training.job.config import TrainConfig
+from training.rollout.continuous import ContinuousEngine
 from training.trainer import Trainer
 
 #: grpo with 3 completions a prompt (an odd group), rloo with its default 2; B = 2 groups a step
@@ -210,7 +210,7 @@ def test_a_member_the_reward_function_gives_none_trains_in_its_whole_group_with_
     carried again) and the group advantages give it 0."""
     import math
 
-    import training.ppo as P
+    import training.algorithms.core_algos as P
 
     (tmp_path / "reward_fn.py").write_text(
         "def score(prompts, completions, **columns):\n"

@@ -1,12 +1,13 @@
-"""Our GRPO loss (training/ppo.py `policy_loss`, token-level mean, k3 KL in the loss) equals TRL's own.
+"""Our GRPO loss (training/algorithms/core_algos.py `policy_loss`, token-level mean, k3 KL in the loss) equals TRL's
+own.
 
 A real `trl.GRPOTrainer` (TRL 1.16) is built on the CPU around a tiny random-weight Llama and ByT5's byte tokenizer
 (nothing is downloaded: the policy is saved to a temporary folder first, because with beta > 0 TRL builds its
 reference model from the policy's `name_or_path`). Its `_compute_loss(model, inputs)` is handed prompts, right-padded
 completions, per-sequence advantages, perturbed old log-probs (so the ratio differs from 1 and some tokens clip, on
 both sides) and reference log-probs. Our side: the same model's per-token log-probs from a plain forward pass
-(logits / temperature, log_softmax, gather: what training/update.py does), then `policy_loss` with kl_coef = beta.
-The loss values and every parameter's gradient must agree.
+(logits / temperature, log_softmax, gather: what training/algorithms/update.py does), then `policy_loss` with kl_coef =
+beta. The loss values and every parameter's gradient must agree.
 
 TRL settings that the match depends on, each asserted below so that a TRL upgrade changing one fails by name:
 loss_type "dapo" (sum over the batch's tokens / num_items_in_batch: with one process, one accumulation step and
@@ -22,7 +23,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training import ppo as P
+from training.algorithms import core_algos as P
 
 trl = pytest.importorskip("trl")
 
@@ -79,7 +80,8 @@ def batch(vocab: int) -> dict[str, torch.Tensor]:
 
 
 def our_logprobs(model, inputs, temperature: float) -> torch.Tensor:
-    """log pi(completion token t | prompt + tokens before t) from a plain forward pass, as training/update.py:
+    """log pi(completion token t | prompt + tokens before t) from a plain forward pass, as
+    training/algorithms/update.py:
     logits / temperature, log_softmax, gather."""
     ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
     att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)

@@ -1,7 +1,7 @@
-"""A job's inputs (training/inputs.py, training/config.py): the synthetic task stays the default and every shipped
-config reads as before; a dataset task's paths are the config folder's; the kinds that cannot go together are refused
-in one line; a user's real GSM8K files (a few rows written by hand in GSM8K's format) run under configs/ppo-arith.yaml
-with nothing else changed."""
+"""A job's inputs (training/inputs/job_inputs.py, training/job/config.py): the synthetic task stays the default and
+every shipped config reads as before; a dataset task's paths are the config folder's; the kinds that cannot go together
+are refused in one line; a user's real GSM8K files (a few rows written by hand in GSM8K's format) run under
+configs/ppo-arith.yaml with nothing else changed."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from common.errors import BadInput
-from training.config import resolve_config
+from training.job.config import resolve_config
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p for p in (REPO / "configs").glob("ppo-*.yaml") if p.name != "ppo-arith.yaml")
@@ -38,7 +38,7 @@ def _jsonl(path: Path, rows: list[dict]) -> Path:
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_every_shipped_config_reads_as_the_synthetic_task_with_its_proxy_and_gold_gate(path):
     from common.config import load_config
-    from training.config import TrainConfig
+    from training.job.config import TrainConfig
 
     cfg = load_config(TrainConfig, path)  # the model alone (the 0.5B shape is over this machine's memory)
     assert (cfg.task.kind, cfg.reward.kind, cfg.gate.kind) == ("synthetic", "proxy", "gold")
@@ -86,7 +86,7 @@ def test_dataset_paths_are_read_from_the_config_files_folder(tmp_path, monkeypat
 
 
 def test_a_missing_data_file_is_bad_input_naming_the_field(tmp_path):
-    from training.inputs import check_inputs
+    from training.inputs.job_inputs import check_inputs
 
     cfg = resolve_config(REPO / "configs" / "ppo-arith.yaml", {"task.train": str(tmp_path / "nope.jsonl")})
     with pytest.raises(BadInput, match=r"task.train: .*nope.jsonl"):
@@ -94,7 +94,7 @@ def test_a_missing_data_file_is_bad_input_naming_the_field(tmp_path):
 
 
 def test_more_eval_prompts_than_held_out_rows_is_bad_input(tmp_path):
-    from training.inputs import check_inputs
+    from training.inputs.job_inputs import check_inputs
 
     train, held = _jsonl(tmp_path / "train.jsonl", GSM8K_ROWS), _jsonl(tmp_path / "test.jsonl", GSM8K_ROWS[:2])
     cfg = resolve_config(REPO / "configs" / "ppo-arith.yaml", {"task.train": str(train), "task.heldout": str(held)})
@@ -106,8 +106,8 @@ def test_real_gsm8k_files_train_under_the_arith_config_changing_only_the_paths(t
     """A user's GSM8K files (GSM8K's columns and answer format) under configs/ppo-arith.yaml: only `train`,
     `heldout` (and, to keep the test short, the sizes) change. The rows reach the reward with their `answer` column:
     the reference completion scored by the built-in reward is 1, and the trainer runs a step on them."""
-    from training.inputs import check_inputs
-    from training.rewards import builtin
+    from training.inputs.job_inputs import check_inputs
+    from training.inputs.rewards import builtin
     from training.trainer import Trainer
 
     train, held = _jsonl(tmp_path / "train.jsonl", GSM8K_ROWS), _jsonl(tmp_path / "test.jsonl", GSM8K_ROWS)

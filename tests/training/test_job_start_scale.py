@@ -1,7 +1,8 @@
 """A tenant's large train file starts its job within the budget (a 1,000,000-row file: its first step within 30 s and
 2 GiB of the same job on 1,000 rows; here 100,000 rows against 1,000, the budget scaled to 3 s and 205 MiB), measured
 by scripts/bench-job-start in fresh processes; and the checkpoint tokenizer's fast prompt counter
-(training/inputs.py `token_counter`) that keeps it so says exactly which prompts are over `max_prompt_tokens`, the
+(training/inputs/job_inputs.py `token_counter`) that keeps it so says exactly which prompts are over
+`max_prompt_tokens`, the
 slow way's counts wherever one is."""
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def _prompts(n: int, seed: int = 0) -> list[str]:
 
 
 def _slow_counts(tok, template: bool, prompts: list) -> np.ndarray:
-    from training.inputs import render_prompt
+    from training.inputs.job_inputs import render_prompt
 
     return np.array([len(tok.encode(render_prompt(p, tok, template))) for p in prompts])
 
@@ -78,13 +79,13 @@ def _slow_counts(tok, template: bool, prompts: list) -> np.ndarray:
 def _tok(path: Path):
     from transformers import AutoTokenizer
 
-    from training.models import Tokenizer
+    from training.inputs.tokenizer import Tokenizer
 
     return Tokenizer(AutoTokenizer.from_pretrained(path))
 
 
 def _spy_fallbacks(monkeypatch) -> list:
-    import training.inputs as inputs
+    import training.inputs.job_inputs as inputs
 
     fallbacks = []
 
@@ -99,7 +100,7 @@ def _spy_fallbacks(monkeypatch) -> list:
 
 @pytest.mark.parametrize("name", ["bpe", "bpe-chat"])
 def test_the_fast_counter_says_which_prompts_are_over_the_limit_with_their_exact_counts(policies, name, monkeypatch):
-    from training.inputs import token_counter
+    from training.inputs.job_inputs import token_counter
 
     fallbacks = _spy_fallbacks(monkeypatch)
     tok = _tok(policies[name])
@@ -119,7 +120,7 @@ def test_the_fast_counter_says_which_prompts_are_over_the_limit_with_their_exact
 
 
 def test_chat_prompts_under_a_template_are_counted_one_by_one(policies, monkeypatch):
-    from training.inputs import token_counter
+    from training.inputs.job_inputs import token_counter
 
     fallbacks = _spy_fallbacks(monkeypatch)
     tok = _tok(policies["bpe-chat"])
@@ -133,7 +134,7 @@ def test_chat_prompts_under_a_template_are_counted_one_by_one(policies, monkeypa
 def test_a_template_that_depends_on_the_prompt_is_found_and_counted_the_slow_way(policies, monkeypatch):
     """The template's prefix and suffix come from two short probes; a template that renders long prompts otherwise
     is caught by the sampled prompts, and the whole column is counted one template call at a time."""
-    from training.inputs import token_counter
+    from training.inputs.job_inputs import token_counter
 
     fallbacks = _spy_fallbacks(monkeypatch)
     tok = _tok(policies["bpe-chat"])
@@ -147,10 +148,10 @@ def test_a_template_that_depends_on_the_prompt_is_found_and_counted_the_slow_way
 
 
 def test_a_dataset_job_with_a_checkpoint_tokenizer_drops_the_same_prompts_as_the_slow_count(policies, tmp_path):
-    """Through the job's own read (training/inputs.py `read_task_files`): the prompts over max_prompt_tokens are the
-    ones the tokenizer's own count puts over it, and the warning names the longest with its exact count."""
-    from training.config import resolve_config
-    from training.inputs import DatasetInputs
+    """Through the job's own read (training/inputs/job_inputs.py `read_task_files`): the prompts over max_prompt_tokens
+    are the ones the tokenizer's own count puts over it, and the warning names the longest with its exact count."""
+    from training.inputs.job_inputs import DatasetInputs
+    from training.job.config import resolve_config
 
     prompts = _prompts(400, seed=1)
     tok = _tok(policies["bpe-chat"])

@@ -1,5 +1,5 @@
-"""The one job lifecycle (`training/lifecycle.py`) with plain in-memory hooks: the per-checkpoint observer seam, and a
-stop that is reversible (pause at the gate, resume from the kept checkpoint) on a real small PPO run.
+"""The one job lifecycle (`training/job/lifecycle.py`) with plain in-memory hooks: the per-checkpoint observer seam,
+and a stop that is reversible (pause at the gate, resume from the kept checkpoint) on a real small PPO run.
 
 Oracles are kept by the tests themselves: the steps the trainer actually executed (recorded by the hook), the
 phase seconds summed from those records, and the state sequence written out by hand."""
@@ -44,13 +44,13 @@ class StopAt4:
 def _spec(steps, **kw):
     from types import SimpleNamespace
 
-    from training.lifecycle import JobSpec
+    from training.job.lifecycle import JobSpec
 
     return JobSpec(tenant="acme", name="j", config=SimpleNamespace(steps=steps), run_id="r1", **kw)
 
 
 def _hooks(trainer, executed):
-    from training.lifecycle import JobHooks
+    from training.job.lifecycle import JobHooks
 
     class Hooks(JobHooks):
         def start_worker(self, spec):
@@ -63,7 +63,7 @@ def _hooks(trainer, executed):
 
 
 def test_the_observer_sees_only_checkpoints_and_its_reason_stops_the_job():
-    from training.lifecycle import run_job
+    from training.job.lifecycle import run_job
 
     seen, executed = [], []
 
@@ -80,7 +80,7 @@ def test_the_observer_sees_only_checkpoints_and_its_reason_stops_the_job():
 
 
 def test_a_pausable_job_pauses_at_the_observers_checkpoint_with_the_reason():
-    from training.lifecycle import run_job
+    from training.job.lifecycle import run_job
 
     out = run_job(_spec(10, pausable=True), lambda step, m: "held-out score declining" if step == 4 else None,
                   hooks=_hooks(FakeTrainer(), []))
@@ -98,9 +98,9 @@ def test_pause_then_resume_continues_from_the_kept_checkpoint_and_charges_each_s
     from eval.health import Catalog
     from eval.supervisor import RunSupervisor
     from infra.ledger import Ledger, PriceTable
-    from training.canaries import base_config
-    from training.config import TrainConfig
-    from training.lifecycle import JOB_DONE, JobHooks, JobSpec, job_record, paused_run, rewind_to, run_job, step_of
+    from training.benches.canaries import base_config
+    from training.job.config import TrainConfig
+    from training.job.lifecycle import JOB_DONE, JobHooks, JobSpec, job_record, paused_run, rewind_to, run_job, step_of
 
     raw = base_config(10, 0, str(warm_start_cache))
     raw.update(eval_every=2, checkpoint_every=2)
@@ -219,7 +219,7 @@ class DiskTrainer:
 
 
 def _disk_hooks(seg, executed, logged, fail_at=None):
-    from training.lifecycle import JobHooks
+    from training.job.lifecycle import JobHooks
 
     class Hooks(JobHooks):
         flush_every = 3
@@ -260,7 +260,7 @@ def test_a_paused_job_resumes_from_its_kept_checkpoint_replaying_its_steps_uncha
     from types import SimpleNamespace
 
     from infra.ledger import Ledger, PriceTable
-    from training.lifecycle import JOB_DONE, PausedRun, job_record, paused_run, reopen_paused, run_job
+    from training.job.lifecycle import JOB_DONE, PausedRun, job_record, paused_run, reopen_paused, run_job
 
     out = tmp_path / "job"
     out.mkdir()
@@ -268,7 +268,7 @@ def test_a_paused_job_resumes_from_its_kept_checkpoint_replaying_its_steps_uncha
     executed, logged = {}, {}
 
     def spec(run_id, resume=None):
-        from training.lifecycle import JobSpec
+        from training.job.lifecycle import JobSpec
 
         return JobSpec(tenant="acme", name="j", config=SimpleNamespace(steps=10), run_id=run_id, out_dir=out,
                        pausable=True, resume=resume)
@@ -312,7 +312,7 @@ def test_an_interrupted_job_is_retried_from_its_newest_checkpoint_and_its_lost_s
     from types import SimpleNamespace
 
     from infra.ledger import Ledger, PriceTable
-    from training.lifecycle import JobSpec, paused_run, run_job
+    from training.job.lifecycle import JobSpec, paused_run, run_job
 
     out = tmp_path / "job"
     out.mkdir()
@@ -338,7 +338,7 @@ def test_a_gate_pause_ends_the_loop_unless_the_job_runs_through_it(through, step
     asked again once the run is paused."""
     from eval.health import Catalog
     from eval.supervisor import RunSupervisor
-    from training.lifecycle import run_job
+    from training.job.lifecycle import run_job
 
     executed, seen = [], []
     sup = RunSupervisor("r1", "acme", Catalog.from_file(None, algorithm="ppo").start(tenant="acme"),
@@ -367,7 +367,7 @@ def test_a_job_spec_names_its_job_counts_its_steps_and_types_its_run_directory()
 
 
 def test_step_of_reads_only_checkpoint_names_and_checkpoints_come_in_step_order(tmp_path):
-    from training.lifecycle import checkpoints, step_of
+    from training.job.lifecycle import checkpoints, step_of
 
     assert step_of("runs/a/checkpoints/step-000012") == 12 and step_of("step-7") == 7
     assert [step_of(n) for n in ("model", "step-12x", "xstep-12", "step-")] == [-1, -1, -1, -1]
@@ -381,7 +381,7 @@ def test_step_of_reads_only_checkpoint_names_and_checkpoints_come_in_step_order(
 def test_read_history_types_each_field_orders_the_steps_and_stops_at_the_checkpoint(tmp_path):
     import csv
 
-    from training.lifecycle import read_history
+    from training.job.lifecycle import read_history
 
     assert read_history(tmp_path, 5) == []  # no metrics.csv
     cols = ["step", "policy_version", "reward_mean", "gold_eval", "tokens_generated", "phase_rollout_s", "phase_eval_s"]
@@ -406,7 +406,7 @@ def test_read_history_types_each_field_orders_the_steps_and_stops_at_the_checkpo
 
 
 def test_make_supervisor_names_the_run_and_passes_on_gpus_steps_ledger_and_gate():
-    from training.lifecycle import make_supervisor
+    from training.job.lifecycle import make_supervisor
 
     ledger = object()
     spec = _spec(7, gpus=2, gpu_kind="a100", detector="evalstop")
@@ -415,7 +415,7 @@ def test_make_supervisor_names_the_run_and_passes_on_gpus_steps_ledger_and_gate(
     assert sup.planned_steps == 7 and sup.ledger is ledger and sup.metrics is None
     assert sup.gate_detector is not None and sup.gate_monitor is not None
     assert make_supervisor(spec, run_id="other").machine.run_id == "other"
-    from training.lifecycle import JobSpec
+    from training.job.lifecycle import JobSpec
 
     unnamed = JobSpec(tenant="acme", name="j", config=spec.config)
     assert make_supervisor(unnamed).machine.run_id == "acme/j" and make_supervisor(unnamed).gate_detector is None
@@ -424,7 +424,7 @@ def test_make_supervisor_names_the_run_and_passes_on_gpus_steps_ledger_and_gate(
 def test_gate_evidence_hands_the_gates_prompt_scores_and_an_extension_within_budget():
     from types import SimpleNamespace
 
-    from training.lifecycle import gate_evidence
+    from training.job.lifecycle import gate_evidence
 
     def rec(prompt, score):
         return SimpleNamespace(prompt_id=prompt, gold_score=score)
@@ -452,7 +452,7 @@ def test_gate_evidence_hands_the_gates_prompt_scores_and_an_extension_within_bud
 
 
 def test_rewind_drops_and_names_the_checkpoints_after_the_kept_one(tmp_path):
-    from training.lifecycle import rewind_to
+    from training.job.lifecycle import rewind_to
 
     for step in (2, 4, 6):
         (tmp_path / "checkpoints" / f"step-{step:06d}").mkdir(parents=True)
@@ -465,7 +465,7 @@ def test_rewind_drops_and_names_the_checkpoints_after_the_kept_one(tmp_path):
 def test_a_paused_run_without_a_scored_checkpoint_records_no_kept_step_and_is_not_resumable(tmp_path):
     """No run directory: nothing is scored, so there is no best checkpoint; its job.json says so and `paused_run`
     finds nothing to resume."""
-    from training.lifecycle import JOB_DONE, job_record, paused_run, run_job
+    from training.job.lifecycle import JOB_DONE, job_record, paused_run, run_job
 
     out = run_job(_spec(10, pausable=True), lambda step, m: "declining" if step == 4 else None,
                   hooks=_hooks(FakeTrainer(), []))
@@ -478,7 +478,7 @@ def test_a_paused_run_without_a_scored_checkpoint_records_no_kept_step_and_is_no
 
 
 def test_a_paused_runs_job_json_without_its_run_reason_or_step_reads_back_empty(tmp_path):
-    from training.lifecycle import JOB_DONE, PausedRun, paused_run
+    from training.job.lifecycle import JOB_DONE, PausedRun, paused_run
 
     (tmp_path / JOB_DONE).write_text(json.dumps({"state": "PAUSED_BY_GATE(x)", "best_step": 2.0}))
     assert paused_run(tmp_path) == PausedRun(run_id="", paused_step=None, reason="", best_step=2)
@@ -489,7 +489,7 @@ def test_a_paused_runs_job_json_without_its_run_reason_or_step_reads_back_empty(
 
 # ------------------------------------------------------------- the gate a job runs, its catalog, its evidence
 def _cfg_spec(config):
-    from training.lifecycle import JobSpec
+    from training.job.lifecycle import JobSpec
 
     return JobSpec(tenant="acme", name="gate", config=config)
 
@@ -510,7 +510,7 @@ def test_planned_gate_gives_a_paired_rule_its_judged_looks_by_hand(config, warmu
     from types import SimpleNamespace
 
     from eval.paired import PairedStop
-    from training.lifecycle import planned_gate
+    from training.job.lifecycle import planned_gate
 
     shared = PairedStop(warmup=warmup)
     fitted = planned_gate(shared, _cfg_spec(SimpleNamespace(**config)))
@@ -524,7 +524,7 @@ def test_planned_gate_reads_a_rule_without_a_warmup_as_judging_from_the_second_c
     """Any detector with `horizon` 0 is fitted, a warm-up it does not have counts as none: 12 checkpoints, 11 looks."""
     from types import SimpleNamespace
 
-    from training.lifecycle import planned_gate
+    from training.job.lifecycle import planned_gate
 
     rule = SimpleNamespace(horizon=0)
     fitted = planned_gate(rule, _cfg_spec(SimpleNamespace(steps=24, eval_every=2)))
@@ -536,7 +536,7 @@ def test_planned_gate_leaves_a_rule_with_its_own_horizon_or_without_one_as_it_is
 
     from eval.paired import PairedStop
     from eval.stop_rules import EvalStop
-    from training.lifecycle import planned_gate
+    from training.job.lifecycle import planned_gate
 
     spec = _cfg_spec(SimpleNamespace(steps=24, eval_every=2))
     own, evalstop = PairedStop(horizon=7), EvalStop(k=2)
@@ -551,7 +551,7 @@ def test_make_supervisor_reads_the_specs_alert_file_and_profile_for_ppo_and_watc
     from pathlib import Path
     from types import SimpleNamespace
 
-    from training.lifecycle import JobSpec, make_supervisor
+    from training.job.lifecycle import JobSpec, make_supervisor
 
     shipped = (Path(__file__).resolve().parents[2] / "configs" / "alerts.yaml").read_text()
     assert "params: {max_lag: 4.0, persist: 5}" in shipped
@@ -568,7 +568,7 @@ def test_make_supervisor_reads_the_specs_alert_file_and_profile_for_ppo_and_watc
 
 def test_make_supervisor_runs_a_given_gate_whatever_detector_the_spec_names():
     from eval.stop_rules import EvalStop
-    from training.lifecycle import make_supervisor
+    from training.job.lifecycle import make_supervisor
 
     gate = EvalStop(k=2)  # no planned horizon: run as it is
     assert make_supervisor(_spec(7), gate=gate).gate_detector is gate
@@ -578,7 +578,7 @@ def test_make_supervisor_runs_a_given_gate_whatever_detector_the_spec_names():
 def test_gate_evidence_without_a_config_or_a_budget_extends_nothing_and_a_budget_of_one_does():
     from types import SimpleNamespace
 
-    from training.lifecycle import gate_evidence
+    from training.job.lifecycle import gate_evidence
 
     class Bare:
         gate_records = {4: [SimpleNamespace(prompt_id=1, gold_score=0.5)]}
@@ -599,7 +599,7 @@ def test_gate_evidence_without_a_config_or_a_budget_extends_nothing_and_a_budget
 def test_read_history_up_to_step_one_reads_step_one(tmp_path):
     import csv
 
-    from training.lifecycle import read_history
+    from training.job.lifecycle import read_history
 
     with (tmp_path / "metrics.csv").open("w", newline="") as f:
         w = csv.writer(f)
@@ -614,7 +614,7 @@ def test_replay_charges_by_default_and_stops_at_a_gate_pause():
     from eval.health import Catalog
     from eval.supervisor import RunSupervisor
     from infra.ledger import Ledger, PriceTable
-    from training.lifecycle import replay
+    from training.job.lifecycle import replay
 
     records = list(FakeTrainer().run(5))
     ledger = Ledger(PriceTable(gpu_hour={"cpu": "0.05"}))
@@ -640,7 +640,7 @@ def test_a_retry_whose_replay_reaches_a_gate_pause_ends_paused_without_training(
     from eval.health import Catalog
     from eval.supervisor import RunSupervisor
     from infra.ledger import Ledger, PriceTable
-    from training.lifecycle import JobSpec, run_job
+    from training.job.lifecycle import JobSpec, run_job
 
     out = tmp_path / "job"
     out.mkdir()
@@ -663,7 +663,7 @@ class RecordingHooks:
     def __new__(cls, trainer, waited=0.0):
         from contextlib import contextmanager
 
-        from training.lifecycle import JobHooks
+        from training.job.lifecycle import JobHooks
 
         calls: list = []
 
@@ -700,7 +700,7 @@ class RecordingHooks:
 def test_run_job_hands_each_hook_the_spec_times_its_slots_and_scores_nothing_without_a_run_directory():
     import time
 
-    from training.lifecycle import run_job
+    from training.job.lifecycle import run_job
 
     spec = _spec(3)
     hooks = RecordingHooks(FakeTrainer(), waited=1.5)
@@ -724,7 +724,7 @@ def test_run_job_scores_the_run_directorys_checkpoints_with_its_spec_and_spans_t
     from types import SimpleNamespace
 
     from infra.ledger import Ledger, PriceTable
-    from training.lifecycle import JobSpec, run_job
+    from training.job.lifecycle import JobSpec, run_job
 
     out = tmp_path / "job"
     out.mkdir()
@@ -742,7 +742,7 @@ def test_run_job_scores_the_run_directorys_checkpoints_with_its_spec_and_spans_t
 def test_a_resumed_job_records_the_step_it_was_paused_at():
     """Resuming a run paused at step 6 (kept checkpoint 6, reason 'declining'): the supervisor records the pause with
     its step and reason, and the step it resumed from."""
-    from training.lifecycle import PausedRun, run_job
+    from training.job.lifecycle import PausedRun, run_job
 
     paused = PausedRun(run_id="seg1", paused_step=6, reason="declining", best_step=6)
     out = run_job(_spec(8, pausable=True, resume=paused), hooks=_hooks(FakeTrainer(start=6), []))
@@ -750,7 +750,7 @@ def test_a_resumed_job_records_the_step_it_was_paused_at():
 
 
 def test_a_failed_job_keeps_its_error_in_the_attribution():
-    from training.lifecycle import run_job
+    from training.job.lifecycle import run_job
 
     class Dies(FakeTrainer):
         def run(self, total):
@@ -768,7 +768,7 @@ def test_supervise_called_alone_neither_pauses_nor_runs_through_and_hands_the_ga
     from types import SimpleNamespace
 
     from eval.states import RunState
-    from training.lifecycle import supervise
+    from training.job.lifecycle import supervise
 
     class FakeSupervisor:
         def __init__(self, pause_at=None):
@@ -800,7 +800,7 @@ def test_the_default_score_hook_reports_each_checkpoints_gold_mean_se_n_and_unpa
     import types
     from types import SimpleNamespace
 
-    from training.lifecycle import JobHooks
+    from training.job.lifecycle import JobHooks
 
     fake = types.ModuleType("training.trainer")
     fake.gold_eval = lambda ckpt: SimpleNamespace(mean=0.5, se=0.02, n=64, unparseable_rate=0.25)
@@ -842,7 +842,7 @@ def _outcome(state, decision="completed", pages=None, failure=None, records=()):
 def test_ended_by_names_the_first_paging_alert_the_failure_or_the_stop_by_hand(outcome, said):
     from types import SimpleNamespace
 
-    from training.lifecycle import ended_by
+    from training.job.lifecycle import ended_by
 
     pages = outcome.pop("pages", None)
     if pages is not None:
@@ -853,7 +853,7 @@ def test_ended_by_names_the_first_paging_alert_the_failure_or_the_stop_by_hand(o
 def test_ended_by_a_real_failed_job_states_its_failure_class_and_last_step():
     """A worker that dies after step 2: FAILED as a platform fault, no alert paged: 'failed: platform_fault at step
     2'."""
-    from training.lifecycle import ended_by, run_job
+    from training.job.lifecycle import ended_by, run_job
 
     class Dies(FakeTrainer):
         def run(self, total):

@@ -3,8 +3,9 @@
 import pytest
 from pydantic import ValidationError
 
-from training.config import ModelConfig, parameter_count
-from training.models import build_causal_lm, make_tokenizer
+from training.inputs.tokenizer import make_tokenizer
+from training.job.config import ModelConfig, parameter_count
+from training.models import build_causal_lm
 
 
 @pytest.mark.parametrize("arch,hidden,heads,kv_heads,layers,inter", [
@@ -42,7 +43,7 @@ def test_grouped_kv_heads_shrink_the_kv_cache_estimate():
     the cache of one with 14 (the rest of the estimate unchanged, so the difference is exactly 6/7 of the cache, plus
     the k/v weights of the policy-shaped actor (16 B/param), reference (4 B) and critic (16 B) and the reward model
     (20 B))."""
-    from training.config import TrainConfig, train_memory_bytes
+    from training.job.config import TrainConfig, train_memory_bytes
 
     def cfg(kv):
         shape = dict(arch="qwen2", hidden_size=56, num_heads=14, num_kv_heads=kv, num_layers=2, intermediate_size=64)
@@ -66,7 +67,7 @@ def test_the_real_shape_config_is_qwen2_0_5b():
 
     import yaml
 
-    from training.config import TrainConfig, vocab_size
+    from training.job.config import TrainConfig, vocab_size
 
     raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "ppo-qwen2-0.5b.yaml").read_text())
     cfg = TrainConfig.model_validate(raw)

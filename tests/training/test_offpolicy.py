@@ -1,5 +1,5 @@
-"""Off-policy correction oracles (training/ppo.py: importance weights, ESS, the corrected surrogate; the trainer's
-recorded behaviour log-probs and its corrected update).
+"""Off-policy correction oracles (training/algorithms/core_algos.py: importance weights, ESS, the corrected surrogate;
+the trainer's recorded behaviour log-probs and its corrected update).
 
 1. No staleness: the importance weights are exactly 1 and the tis / decoupled losses and gradients equal standard
    PPO, both against `policy_loss` and against a plain cleanrl-style clipped surrogate written here.
@@ -18,8 +18,8 @@ import math
 import pytest
 import torch
 
-from training import ppo as P
-from training.config import TrainConfig
+from training.algorithms import core_algos as P
+from training.job.config import TrainConfig
 from training.trainer import Trainer
 
 
@@ -201,7 +201,7 @@ def test_recorded_behaviour_logprobs_come_from_the_version_that_sampled(warm_sta
 def reference_policy_update(samples, actor, cfg, correction):
     """Policy loss and actor gradients of one update, one sequence at a time: plain GAE advantages from the
     rollout's values and rewards, pi_prox and pi_behav from the samples, each token weighted as the correction
-    says (weights computed here from their definition, not with training.ppo)."""
+    says (weights computed here from their definition, not with training.algorithms.core_algos)."""
     c, cap = cfg.ppo, cfg.oppo.is_cap
     new_lp, prox_lp, weights, advs = [], [], [], []
     for s in samples:

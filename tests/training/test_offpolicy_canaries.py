@@ -1,4 +1,4 @@
-"""The off-policy faults, exactly, and their canaries (training/canaries.py CANARIES: behaviour_mismatch,
+"""The off-policy faults, exactly, and their canaries (training/benches/canaries.py CANARIES: behaviour_mismatch,
 duplicated_carry): each fault changes what it should (checked against numbers the test derives itself), and each
 canary, a real small PPO run, fires its alert soon after the fault and moves the run state (slow)."""
 
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from training.config import TrainConfig
+from training.job.config import TrainConfig
 from training.trainer import Trainer
 
 
@@ -85,7 +85,7 @@ WINDOW = {"behaviour_mismatch": 10, "duplicated_carry": 20}
 @pytest.mark.parametrize("name", list(WINDOW))
 def test_overlap_canary(canary_cache, name):
     from eval.health import Catalog
-    from training.canaries import CANARIES, run_canary
+    from training.benches.canaries import CANARIES, run_canary
 
     canary = {c.name: c for c in CANARIES}[name]
     catalog = Catalog.from_file(None, algorithm="ppo", profile="canary")

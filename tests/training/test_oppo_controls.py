@@ -18,9 +18,9 @@ from collections import Counter
 import pytest
 import torch
 
-from training.engine import Chunk, _units_done
-from training.oppo import ChunkTuner, DeltaController, deferral_histogram
-from training.rollout import Sequence, rollout
+from training.rollout.controllers import ChunkTuner, DeltaController, deferral_histogram
+from training.rollout.engine import Chunk, _units_done
+from training.rollout.streaming import Sequence, rollout
 
 
 # ------------------------------------------------------------------------------------------------ Delta (Alg. 1)
@@ -234,7 +234,7 @@ def test_a_group_finishes_with_its_last_member():
 
 # ------------------------------------------------------------- a real tiny OPPO run: staleness bound and Delta
 def tiny(cache_dir, **oppo):
-    from training.config import TrainConfig
+    from training.job.config import TrainConfig
 
     return TrainConfig.model_validate({
         "seed": 5, "steps": 6, "cache_dir": str(cache_dir),

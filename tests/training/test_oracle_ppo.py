@@ -18,8 +18,8 @@ import math
 import pytest
 import torch
 
-from training import ppo as P
-from training.config import TrainConfig
+from training.algorithms import core_algos as P
+from training.job.config import TrainConfig
 from training.trainer import Trainer
 
 
@@ -38,7 +38,8 @@ def oracle_config(cache_dir, **ppo) -> TrainConfig:
 
 
 class Spy:
-    """Records what the trainer's update hands to the loss functions (via the `training.ppo` module)."""
+    """Records what the trainer's update hands to the loss functions (via the `training.algorithms.core_algos`
+    module)."""
 
     def __init__(self, monkeypatch):
         self.policy_calls: list[tuple[torch.Tensor, ...]] = []
@@ -195,7 +196,8 @@ def test_one_update_matches_a_plain_reimplementation(warm_start_cache, temperatu
 
 
 # ------------------------------------------------------------------------------------------------------
-# hand-computed values for the branches the mutation run (`make mutate`) found unchecked in training/ppo.py
+# hand-computed values for the branches the mutation run (`make mutate`) found unchecked in
+# training/algorithms/core_algos.py
 
 
 def test_masked_mean_per_row_hand_computed():

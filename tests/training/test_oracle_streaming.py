@@ -16,10 +16,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.config import ModelConfig
-from training.engine import IncrementalScorer, TransformersEngine, left_pad
-from training.models import build_causal_lm, build_scorer, make_tokenizer
-from training.rollout import Sequence, rollout
+from training.inputs.tokenizer import make_tokenizer
+from training.job.config import ModelConfig
+from training.models import build_causal_lm, build_scorer
+from training.rollout.engine import IncrementalScorer, TransformersEngine, left_pad
+from training.rollout.streaming import Sequence, rollout
 
 ATOL = 1e-5
 

@@ -2,7 +2,7 @@
 `training/` is restructured.
 
 1. A GRPO update with the KL in the loss (`ppo.kl_in: loss`, `ppo.kl_coef` > 0), with no off-policy correction and
-   with each correction of `training/ppo.py` CORRECTIONS ("tis", "decoupled"): the real update path
+   with each correction of `training/algorithms/core_algos.py` CORRECTIONS ("tis", "decoupled"): the real update path
    (`PPOUpdate._ppo_update` of a tiny trainer) gets samples whose old, behaviour and reference log-probs the test
    chooses; the advantages it trains with are the group advantages of the scores alone (the KL does not enter the
    rewards when it is paid in the loss), the reported `kl_loss` is the masked mean of k3 = exp(d) - d - 1
@@ -30,9 +30,9 @@ import pytest
 import torch
 from tiny_job import tiny_config
 
-from training import ppo as P
-from training.continuous import ContinuousEngine
-from training.rollout import Sample, Sequence
+from training.algorithms import core_algos as P
+from training.rollout.continuous import ContinuousEngine
+from training.rollout.streaming import Sample, Sequence
 from training.trainer import Trainer
 
 BETA = 0.1      # kl_coef, paid in the loss

@@ -9,7 +9,7 @@ import pytest
 
 
 def _spec(steps: int, eval_every: int):
-    from training.lifecycle import JobSpec
+    from training.job.lifecycle import JobSpec
 
     return JobSpec(tenant="acme", name="gate", config=SimpleNamespace(steps=steps, eval_every=eval_every))
 
@@ -22,7 +22,7 @@ def _spec(steps: int, eval_every: int):
 ])
 def test_the_paired_rule_gets_the_jobs_judged_checkpoints_as_its_horizon(steps, every, warmup, looks):
     from eval.paired import PairedStop
-    from training.lifecycle import planned_gate
+    from training.job.lifecycle import planned_gate
 
     shared = PairedStop(warmup=warmup)
     fitted = planned_gate(shared, _spec(steps, every))
@@ -33,7 +33,7 @@ def test_the_paired_rule_gets_the_jobs_judged_checkpoints_as_its_horizon(steps, 
 def test_a_given_horizon_and_other_rules_are_left_alone():
     from eval.paired import PairedStop
     from eval.stop_rules import EvalStop
-    from training.lifecycle import planned_gate
+    from training.job.lifecycle import planned_gate
 
     own = PairedStop(horizon=7)
     assert planned_gate(own, _spec(24, 2)) is own
@@ -47,7 +47,7 @@ def test_the_supervisor_spends_alpha_evenly_over_the_planned_looks():
     """The job's supervisor (the one builder, with a round's shared detector) judges its 3rd checkpoint (k = 2 earlier
     ones, the 2nd judged look) at level alpha / (horizon + 1) / k = 0.02 / 12 / 2, by hand."""
     from eval.paired import PairedStop
-    from training.lifecycle import make_supervisor
+    from training.job.lifecycle import make_supervisor
 
     shared = PairedStop(alpha=0.02)
     sup = make_supervisor(_spec(24, 2), gate=shared)

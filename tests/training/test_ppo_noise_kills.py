@@ -1,5 +1,5 @@
-"""Issue 31 mutation kills for the PPO math (training/ppo.py), the streaming engine's small helpers
-(training/engine.py), the run-noise estimate (eval/noise.py), Detector.scan's replay (eval/detector_base.py) and
+"""Issue 31 mutation kills for the PPO math (training/algorithms/core_algos.py), the streaming engine's small helpers
+(training/rollout/engine.py), the run-noise estimate (eval/noise.py), Detector.scan's replay (eval/detector_base.py) and
 the calibrated-parameter lookup (eval/detectors.py). Expected values are hand arithmetic (written next to each
 assert) or a plain-Python re-derivation of the documented formula, never the code under test run twice."""
 
@@ -15,8 +15,8 @@ import eval.noise as noise
 from eval.detector_base import Checkpoint, Detector, Monitor
 from eval.detectors import calibrated_params, make_detector
 from eval.noise import RunNoise, _multiplicity, _normalised_change, _slope, _sxx, robust_diff_sigma
-from training import ppo as P
-from training.engine import IncrementalScorer, TransformersEngine, left_pad
+from training.algorithms import core_algos as P
+from training.rollout.engine import IncrementalScorer, TransformersEngine, left_pad
 
 MAD_TO_SD = 1.482602218505602
 MEANABS_TO_SD = math.sqrt(math.pi / 2.0)
@@ -199,7 +199,7 @@ def test_calibrated_params_bad_config_names_the_detector_config(tmp_path):
         calibrated_params("divergence", cfg)
 
 
-# ---------------------------------------------------------------- training/ppo.py
+# ---------------------------------------------------------------- training/algorithms/core_algos.py
 
 def test_effective_sample_size_by_hand():
     m = torch.ones(4, dtype=torch.bool)
@@ -229,7 +229,7 @@ def test_masked_whiten_constant_is_zero_not_nan():
     assert out.tolist() == [0.0, 0.0, 0.0]
 
 
-# ---------------------------------------------------------------- training/engine.py
+# ---------------------------------------------------------------- training/rollout/engine.py
 
 def test_left_pad_width_is_the_longest_sequence():
     ids, mask = left_pad([[5]], 0)
@@ -253,13 +253,14 @@ def test_engine_and_scorer_start_empty_and_release_to_none():
         IncrementalScorer(torch.nn.Linear(1, 1), "logits")
 
 
-# ---- the off-policy correction's edges (training.ppo; no selected test reaches these functions) -------------------
+# ---- the off-policy correction's edges (training.algorithms.core_algos; no selected test reaches these functions)
+# -------------------
 def test_decoupled_keeps_a_weight_exactly_at_the_cap_and_an_unknown_correction_names_the_choices():
     """"decoupled" keeps w where w <= cap: a token whose pi_prox equals pi_behav has w = 1 exactly, kept at cap 1
     (a strict `<` would zero it); a correction outside ("none", "tis", "decoupled") is refused with that list."""
     import torch
 
-    from training.ppo import importance_weights
+    from training.algorithms.core_algos import importance_weights
 
     zeros, mask = torch.zeros(1, 3), torch.tensor([[1.0, 1.0, 0.0]])
     w = importance_weights(zeros, zeros, mask, cap=1.0, correction="decoupled")
@@ -276,7 +277,7 @@ def test_the_off_policy_losss_approx_kl_is_the_k3_estimator_by_hand():
 
     import torch
 
-    from training.ppo import corrected_policy_loss
+    from training.algorithms.core_algos import corrected_policy_loss
 
     prox = torch.zeros(1, 3)
     logprobs = torch.tensor([[math.log(2.0), 0.0, 5.0]])

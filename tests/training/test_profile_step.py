@@ -1,6 +1,6 @@
-"""`training.profile_step.summarise` against counts written by hand into two py-spy raw files."""
+"""`training.benches.profile_step.summarise` against counts written by hand into two py-spy raw files."""
 
-from training.profile_step import summarise
+from training.benches.profile_step import summarise
 
 M = "thread (11): MainThread;<module> (profile_step.py:1);Trainer.train_step (trainer.py:2)"
 S = "thread (12): oppo-scorer;Thread._bootstrap (threading.py:1);_ScorerThread._run (rollout.py:2)"

@@ -19,9 +19,9 @@ import pytest
 import torch
 from tiny_job import tiny_config
 
-from training import ppo as P
+from training.algorithms import core_algos as P
 from training.models import format_prompt
-from training.rollout import Sample, Sequence
+from training.rollout.streaming import Sample, Sequence
 from training.trainer import Trainer
 
 TEMPERATURE = 0.7

@@ -1,4 +1,4 @@
-"""The gate detector as a typed part of the request (`training.request.DetectorSpec`): parameters travel from every
+"""The gate detector as a typed part of the request (`training.job.request.DetectorSpec`): parameters travel from every
 entry point (a request's mapping, `rlhfops train --detector 'paired(margin=0.1)'`, a platform round's scheduler name)
 into the supervisor the one builder makes, the platform's settings fill what a name leaves out, and a wrong name or
 parameter is one line naming `detector.params.<name>` before any work starts.
@@ -49,7 +49,7 @@ def paused_at(supervisor, steps: int = 4) -> int | None:
 
 
 def _supervisor(tmp_path, detector):
-    from training.request import build, parse_request
+    from training.job.request import build, parse_request
 
     request = parse_request({"config": "configs/ppo-tiny.yaml", "steps": 8, "detector": detector,
                              "out_root": str(tmp_path), "run_dir": "."})
@@ -80,7 +80,7 @@ def test_a_rounds_jobs_carry_its_schedulers_rule_with_the_same_settings(tmp_path
     """A round's jobs are gated by the detector their requests carry (the scheduler's rule), built by the same
     builder: `Paired+SRTF` is the paired rule with the platform's margin, as `rlhfops train --detector paired` is."""
     from flows.params import DEFAULT_JOBS, check_round, round_requests, scheduler_gate
-    from training.request import build
+    from training.job.request import build
 
     (job,) = [j for j in DEFAULT_JOBS if j["name"] == "healthy"]
     (request,) = round_requests([job], steps=8, slots=1, out_dir=str(tmp_path / "round"),
@@ -96,7 +96,7 @@ def test_no_gate_for_a_bare_base_policy():
 
 
 def test_the_spec_reads_back_from_its_label():
-    from training.request import parse_detector
+    from training.job.request import parse_detector
 
     for text in ("paired", "paired(margin=0.05, alpha=0.01)", "evalstop(k=3)", "noisepatience"):
         spec = parse_detector(text)
@@ -115,7 +115,7 @@ def test_the_spec_reads_back_from_its_label():
     ("paired(margin=", "detector: cannot read", "paired(margin=0.1)"),
 ])
 def test_a_bad_detector_is_one_line_naming_the_field_and_the_fix(detector, start, hint):
-    from training.request import parse_request
+    from training.job.request import parse_request
 
     with pytest.raises(BadInput) as err:
         parse_request({"detector": detector})

@@ -1,6 +1,6 @@
-"""The built-in GSM8K rewards (training/rewards/gsm8k.py) against answers worked out by hand from lm-eval's gsm8k task
-(lm_eval/tasks/gsm8k/gsm8k.yaml v3.0, lm_eval/filters/extraction.py RegexFilter, lm_eval/api/metrics.py
-exact_match_hf_evaluate), and the registry (training/rewards/__init__.py).
+"""The built-in GSM8K rewards (training/inputs/rewards/gsm8k.py) against answers worked out by hand from lm-eval's
+gsm8k task (lm_eval/tasks/gsm8k/gsm8k.yaml v3.0, lm_eval/filters/extraction.py RegexFilter, lm_eval/api/metrics.py
+exact_match_hf_evaluate), and the registry (training/inputs/rewards/__init__.py).
 
 Every expected value below was derived by hand from the regexes, not by running the code: strict-match is the first
 `#### (\\-?[0-9\\.\\,]+)`, flexible-extract the last `(-?[$0-9.,]{2,})|(-?[0-9]+)`, then `,` `$` and one final `.`
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from training import rewards
-from training.rewards import gsm8k
+from training.inputs import rewards
+from training.inputs.rewards import gsm8k
 
 # --- extraction and normalisation, one lm-eval rule per case ----------------------------------------------------
 
@@ -159,7 +159,7 @@ def test_registry_names_and_fallback():
     assert rewards.builtin("gsm8k:flexible_extract") is gsm8k.flexible_extract
     assert rewards.builtin("rewards.py:score") is None
     assert rewards.builtin("mypkg.mod:fn") is None
-    # called as training/scorers.py calls it: columns as keywords, extra columns ignored
+    # called as training/inputs/scorers.py calls it: columns as keywords, extra columns ignored
     fn = rewards.builtin("gsm8k:strict_match")
     assert fn(["q"], ["#### 3"], answer=["#### 3"], question=["q"]) == [1.0]
 

@@ -24,8 +24,9 @@ TRAIN, HELDOUT = ROWS[:18], ROWS[18:]
 def _checkpoint(path: Path, seed: int) -> Path:
     """A tiny LlamaForSequenceClassification (num_labels=1) over the byte tokenizer, its head scaled up so scores
     differ visibly between sequences, saved with the tokenizer."""
-    from training.config import ModelConfig
-    from training.models import build_scorer, make_tokenizer
+    from training.inputs.tokenizer import make_tokenizer
+    from training.job.config import ModelConfig
+    from training.models import build_scorer
 
     tok = make_tokenizer()
     torch.manual_seed(seed)
@@ -94,10 +95,9 @@ def test_a_reward_model_and_a_gate_model_score_as_a_plain_forward_of_their_check
     rollout chunk by chunk with its cache while the actor decodes, and samples carried over a step are scored whole."""
     import shutil
 
-    from training.config import load_config
     from training.evaluation import generate
-    from training.gate import batch_seed
-    from training.scorers import HeldoutScorer
+    from training.gate import HeldoutScorer, batch_seed
+    from training.job.config import load_config
     from training.trainer import Trainer
 
     folder = tmp_path / "tenant"

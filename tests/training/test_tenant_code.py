@@ -1,5 +1,5 @@
-"""The tenant-code pool (training/tenant_code.py): tenant functions run in other processes, with a clean environment,
-the config's folder as working directory, a timeout and a memory limit; whatever they do wrong is a
+"""The tenant-code pool (training/inputs/tenant_code.py): tenant functions run in other processes, with a clean
+environment, the config's folder as working directory, a timeout and a memory limit; whatever they do wrong is a
 TenantCodeError in the runbook's words, the trainer (this process) lives on, and the pool answers the next call.
 
 The tenant functions are small files written into tmp folders. One pool is shared by the module (a failure only
@@ -21,7 +21,7 @@ import pytest
 
 from common.errors import BadInput
 from eval.attribution import SampleErrorSummary, TenantCodeError
-from training.tenant_code import FunctionRef, TenantFunctionPool, parse_ref
+from training.inputs.tenant_code import FunctionRef, TenantFunctionPool, parse_ref
 
 MEMORY_MB = 1024
 TIMEOUT_S = 2.0
@@ -347,7 +347,7 @@ def test_workers_and_their_children_die_with_the_trainer(folder, tmp_path):
         import sys
         sys.path.insert(0, {str(ROOT)!r})
         from pathlib import Path
-        from training.tenant_code import TenantFunctionPool, parse_ref
+        from training.inputs.tenant_code import TenantFunctionPool, parse_ref
         pool = TenantFunctionPool(Path({str(folder)!r}), workers=1)
         pool.call(parse_ref("orphan_reward.py:score", Path({str(folder)!r}), "reward.ref"), ["p"], ["c"], {{}},
                   timeout_s=600)

@@ -1,13 +1,14 @@
-"""The task's BPE tokenizer (training/tokenizer.py): size as configured, a real compression of the task's text,
+"""The task's BPE tokenizer (training/inputs/tokenizer.py): size as configured, a real compression of the task's text,
 lossless round trips, the same vocabulary every time, and the parameter count that uses it."""
 
 import numpy as np
 import pytest
 
-from training import tokenizer as bpe
-from training.config import ModelConfig, TaskConfig, parameter_count, vocab_size
-from training.models import build_causal_lm, format_prompt, make_tokenizer
-from training.task import corpus_response, make_prompts
+from training.inputs import tokenizer as bpe
+from training.inputs.synthetic_task import corpus_response, make_prompts
+from training.inputs.tokenizer import make_tokenizer
+from training.job.config import ModelConfig, TaskConfig, parameter_count, vocab_size
+from training.models import build_causal_lm, format_prompt
 
 VOCAB = 3000
 CHARS = 400_000  # a smaller text than the real 4M keeps the test to seconds; 3000 ids need far fewer merges
@@ -39,7 +40,8 @@ def test_size_special_ids_and_compression(tok, task):
 
 
 def test_round_trip_on_the_tasks_own_text(tok, task):
-    """Text from the task's generator (training/task.py, not the tokenizer's bulk copy of it) decodes to itself."""
+    """Text from the task's generator (training/inputs/synthetic_task.py, not the tokenizer's bulk copy of it) decodes
+    to itself."""
     rng = np.random.default_rng(11)
     prompts = make_prompts(task, 5)
     for p in prompts.train[:100] + prompts.heldout[:50]:

@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from training.config import ModelConfig
-from training.engine import IncrementalScorer, TransformersEngine, left_pad
-from training.models import build_causal_lm, build_scorer, make_tokenizer
-from training.rollout import Sequence, rollout
+from training.inputs.tokenizer import make_tokenizer
+from training.job.config import ModelConfig
+from training.models import build_causal_lm, build_scorer
+from training.rollout.engine import IncrementalScorer, TransformersEngine, left_pad
+from training.rollout.streaming import Sequence, rollout
 
 TINY = ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
 

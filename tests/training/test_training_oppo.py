@@ -2,7 +2,7 @@
 
 from collections import Counter
 
-from training.oppo import ChunkTuner, DeltaController, deferral_histogram
+from training.rollout.controllers import ChunkTuner, DeltaController, deferral_histogram
 
 
 def test_delta_grows_while_reward_improves_and_decays_after_eq4():

@@ -1,10 +1,10 @@
-"""PPO math against hand-computed values (training/ppo.py)."""
+"""PPO math against hand-computed values (training/algorithms/core_algos.py)."""
 
 import math
 
 import torch
 
-from training import ppo as P
+from training.algorithms import core_algos as P
 
 
 def test_gae_hand_computed_with_padding():

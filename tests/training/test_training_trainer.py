@@ -10,7 +10,7 @@ import yaml
 from tiny_job import tiny_config
 
 from common.errors import BadInput
-from training.config import TrainConfig, load_config
+from training.job.config import TrainConfig, load_config
 from training.metrics import StepRecord
 from training.trace import TRACE_COLUMNS, export_trace
 from training.trainer import Trainer, gold_eval, latest_checkpoint, train
@@ -144,7 +144,7 @@ def test_cli_train_bad_overlap_exits_2(tmp_path):
 
 
 def test_bench_reports_every_mode_and_ratio(cache, tmp_path):
-    from training.bench import bench_oppo, plot_bench
+    from training.benches.oppo import bench_oppo, plot_bench
 
     res = bench_oppo(tiny(cache), steps=6, smooth=2, target_frac=0.3)
     assert set(res["modes"]) == {"none", "intra", "inter", "full"}
@@ -166,7 +166,7 @@ def test_bench_reports_every_mode_and_ratio(cache, tmp_path):
 def test_bench_runs_another_algorithm_against_the_reference_targets(cache):
     """`bench oppo --also-config`: GRPO's sequential and full columns beside PPO's modes, judged against sequential
     PPO's targets, GRPO's columns training their own config."""
-    from training.bench import DEFAULT_VARIANTS, bench_oppo, config_variants
+    from training.benches.oppo import DEFAULT_VARIANTS, bench_oppo, config_variants
 
     grpo = tiny(cache, algorithm="grpo", ppo={"group_size": 2})
     res = bench_oppo(tiny(cache), steps=6, smooth=2, target_frac=0.3,

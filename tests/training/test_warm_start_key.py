@@ -2,7 +2,8 @@
 
 from pathlib import Path
 
-from training import models, task
+from training import models
+from training.inputs import synthetic_task as task
 
 
 def test_the_key_changes_with_the_building_code_and_not_otherwise(monkeypatch):

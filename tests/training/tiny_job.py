@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from training.config import TrainConfig
+from training.job.config import TrainConfig
 
 
 def tiny_config(cache_dir, *, seed: int, n_heldout_prompts: int, **over: Any) -> TrainConfig:

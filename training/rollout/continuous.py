@@ -2,7 +2,7 @@
 
 Why: on a GPU a decode step costs about the same for 1 row or 128 (issue 38's H200 anchor: 57-65 ms flat), so a
 batch that waits on its one long answer with the other rows finished wastes most of its steps. The chunked loop
-of training/engine.py keeps finished rows as pad columns until the batch stops; this loop gives every finished
+of training/rollout/engine.py keeps finished rows as pad columns until the batch stops; this loop gives every finished
 row's slot to the next sequence (a carried one first, then a freshly drawn prompt) before the next step.
 
 Layout: one `DynamicCache` of `slots` rows, all of one width W. A sequence entering a slot is prefilled on its own
@@ -20,7 +20,7 @@ ones, as `TransformersEngine.begin` does).
 `continuous_rollout` is the inter-step overlap on this engine: `slots` = (B + Delta) sequences in flight, carried
 sequences admitted first, then prompts drawn as slots free; it stops once `units_needed` units have finished and
 trains on the first ones to finish; the sequences still in flight come back as `deferred` with their tokens so far
-(re-prefilled under the next step's weights, as in training/rollout.py). With `score_at_once` the finished
+(re-prefilled under the next step's weights, as in training/rollout/streaming.py). With `score_at_once` the finished
 responses go to a scorer thread in batches of a quarter of the units needed, in finish order, each batch as soon as
 it is complete, so when the last needed one finishes only the last quarter is left to score (fixed batches, not
 whatever is waiting: scores must not depend on thread timing, or a resumed run would not repeat the uninterrupted
@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from training.engine import IncrementalScorer, left_pad
-from training.rollout import RolloutResult, Sample, Sequence, _behav
+from training.rollout.engine import IncrementalScorer, left_pad
+from training.rollout.streaming import RolloutResult, Sample, Sequence, _behav
 
 
 @dataclass

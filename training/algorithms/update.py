@@ -10,12 +10,16 @@ go to the models' device; forwards run under the job's autocast, log-softmax and
 
 from __future__ import annotations
 
+from math import nan as NAN
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
-from training import ppo as P
-from training.metrics import NAN
-from training.rollout import Sample
+from training.algorithms import core_algos as P
+
+if TYPE_CHECKING:  # the rollout's record, named for the type checker only: the math imports no project module
+    from training.rollout.streaming import Sample
 
 
 class PPOUpdate:
@@ -82,7 +86,7 @@ class PPOUpdate:
         staleness = (self.step - versions).float()
         if self.cfg.oppo.max_staleness is not None:
             train_mask = train_mask * (staleness <= self.cfg.oppo.max_staleness).float()
-        # off-policy correction (training/ppo.py): pi_prox is the actor before this update
+        # off-policy correction (training/algorithms/core_algos.py): pi_prox is the actor before this update
         correction, is_cap = self.cfg.oppo.correction, self.cfg.oppo.is_cap
         prox_lp = old_lp if self._engine_is_actor() else self._proximal_logprobs(samples, T)
         raw_w = (prox_lp - behav_lp).exp() * train_mask  # before any cap: how off-policy the batch is

@@ -10,7 +10,7 @@
   logits and heads with `.float()`, the update does the same), so the PPO ratio exp(lp - old_lp) is not a ratio of
   two rounded numbers.
 
-The value checks (`training.config.check_device_text`, `DTYPES`) need no torch, so a bad config is refused before
+The value checks (`training.job.config.check_device_text`, `DTYPES`) need no torch, so a bad config is refused before
 torch is imported; `resolve_device` imports it and refuses a CUDA device that is not there (BadInput naming the
 field), where it can without torch (`cuda_absent_reason`).
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common.errors import BadInput
-from training.config import check_device_text
+from training.job.config import check_device_text
 
 if TYPE_CHECKING:
     import torch
@@ -109,9 +109,9 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 def gpu_memory_bytes(cfg: Any) -> float:
-    """Planned GPU memory of one training process at the config's dtype: `training.config.train_memory_bytes`, the
+    """Planned GPU memory of one training process at the config's dtype: `training.job.config.train_memory_bytes`, the
     one estimate (its caches and activations at the dtype's width, float32 weights and optimiser state)."""
-    from training.config import train_memory_bytes
+    from training.job.config import train_memory_bytes
 
     return train_memory_bytes(cfg)
 

@@ -1,9 +1,13 @@
-"""The task's BPE tokenizer (`task.tokenizer: bpe`): a byte-level BPE of `task.vocab_size` ids trained locally with
+"""The tokenizer a job's config names (`tokenizer_for`, `make_tokenizer`, the `Tokenizer` wrapper every model and
+engine uses): a checkpoint's own, the task's BPE, or ByT5's bytes (no files needed).
+
+The task's BPE tokenizer (`task.tokenizer: bpe`): a byte-level BPE of `task.vocab_size` ids trained locally with
 the `tokenizers` library on text of the task's kind, so nothing is downloaded and the output layer of a model is a
 real share of a decode step (the byte tokenizer's 259 ids are not: at hidden 896 its output layer is 0.2M
 multiply-adds per token against a 32k vocabulary's 29M).
 
-The text: `CORPUS_CHARS` characters of "prompt answer" lines drawn like the task's corpus (training/task.py: the
+The text: `CORPUS_CHARS` characters of "prompt answer" lines drawn like the task's corpus
+(training/inputs/synthetic_task.py: the
 task's prompts, answers of random words whose length follows the task's length distribution and whose vowel share
 follows `vowel_beta`), from a fixed seed: the tokenizer belongs to the task, not to a run's seed. Random words of
 2-7 letters make a rich enough text for 32k merges: there are 17,576 three-letter strings alone, and at 4M
@@ -12,7 +16,7 @@ characters a 32k vocabulary is reached with every merge seen at least `MIN_FREQU
 
 Built once per task text and vocabulary, cached as `cache_dir/bpe-<key>.json` (the key hashes the fields that shape
 the text, the vocabulary size, this module's and the task's code and the `tokenizers` version) and wrapped as a
-`transformers` fast tokenizer, so `training.models.Tokenizer` and checkpoints (`save_pretrained`) work unchanged.
+`transformers` fast tokenizer, so `Tokenizer` and checkpoints (`save_pretrained`) work unchanged.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from training.config import TaskConfig
-from training.task import CONSONANTS, answer_length, make_prompts
+from training.inputs.synthetic_task import CONSONANTS, answer_length, make_prompts
+from training.job.config import TaskConfig, TrainConfig
 
 #: characters of text the BPE is trained on (about 6 s of text generation and 10-30 s of training on 2 cores)
 CORPUS_CHARS = 4_000_000
@@ -42,7 +46,7 @@ _CONSONANT_BYTES = np.frombuffer(CONSONANTS.encode(), dtype=np.uint8)
 
 def _answer(length: int, vowel_p: float, rng: np.random.Generator) -> str:
     """Random words of 2-7 letters, each letter a vowel with probability `vowel_p`, cut at `length` characters (the
-    corpus answer of training/task.py `corpus_response`, drawn in bulk)."""
+    corpus answer of training/inputs/synthetic_task.py `corpus_response`, drawn in bulk)."""
     lens = rng.integers(2, 8, size=length // 2 + 2)
     n_words = int(np.searchsorted(np.cumsum(lens + 1), length)) + 1
     lens = lens[:n_words]
@@ -73,7 +77,7 @@ def tokenizer_text(task: TaskConfig, chars: int | None = None) -> list[str]:
 def tokenizer_key(task: TaskConfig) -> str:
     import tokenizers
 
-    from training import task as task_module
+    from training.inputs import synthetic_task as task_module
 
     digest = hashlib.sha256()
     for source in (Path(__file__), Path(task_module.__file__)):
@@ -113,3 +117,40 @@ def bpe_tokenizer(task: TaskConfig, cache_dir: str | Path):
         os.replace(tmp, path)
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK,
                                    clean_up_tokenization_spaces=False)
+
+
+class Tokenizer:
+    """Thin wrapper: ids in, ids out, with the pad/eos ids the engine needs."""
+
+    def __init__(self, hf_tokenizer):
+        self.hf = hf_tokenizer
+        self.pad_id = hf_tokenizer.pad_token_id if hf_tokenizer.pad_token_id is not None else 0
+        self.eos_id = hf_tokenizer.eos_token_id
+        self.vocab_size = len(hf_tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+
+def make_tokenizer(path: str | None = None, task: TaskConfig | None = None,
+                   cache_dir: str | Path | None = None) -> Tokenizer:
+    """A checkpoint's own tokenizer (`path`); else the task's BPE (`task.tokenizer: bpe`, trained once and cached
+    in `cache_dir`, training/inputs/tokenizer.py); else ByT5's bytes."""
+    from transformers import AutoTokenizer, ByT5Tokenizer
+
+    if path:
+        tok = AutoTokenizer.from_pretrained(path)
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
+        return Tokenizer(tok)
+    if task is not None and task.tokenizer == "bpe":
+        return Tokenizer(bpe_tokenizer(task, cache_dir or "runs/.cache"))
+    return Tokenizer(ByT5Tokenizer(extra_ids=0))
+
+
+def tokenizer_for(cfg: TrainConfig) -> Tokenizer:
+    """The tokenizer a job's config names (the policy checkpoint's, the task's BPE, or bytes)."""
+    return make_tokenizer(cfg.policy.model_name_or_path, cfg.task, cfg.cache_dir)

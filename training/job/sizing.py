@@ -2,7 +2,7 @@
 which models a job builds (the critic: ppo only; the reference: only when a KL is paid), their parameter counts and
 the job's planned memory by role (checked against the machine's before any model is allocated).
 
-Plain functions over a `training.config.TrainConfig`. training/config.py re-exports these names and calls
+Plain functions over a `training.job.config.TrainConfig`. training/job/config.py re-exports these names and calls
 `check_train_memory` from `check_train_resources`, so this module never imports it, not even for types: the aliases
 below name what each argument is."""
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-TrainConfig = Any  # training.config.TrainConfig
-ModelConfig = Any  # training.config.ModelConfig
-TaskConfig = Any  # training.config.TaskConfig
-DatasetTaskConfig = Any  # training.config.DatasetTaskConfig
+TrainConfig = Any  # training.job.config.TrainConfig
+ModelConfig = Any  # training.job.config.ModelConfig
+TaskConfig = Any  # training.job.config.TaskConfig
+DatasetTaskConfig = Any  # training.job.config.DatasetTaskConfig
 
 #: ByT5's byte-level tokenizer: 256 bytes + pad, eos, unk (tests/cli/test_bad_input.py checks it against the tokenizer)
 BYTE_VOCAB = 259

@@ -4,7 +4,7 @@ Writes `gpu-check.json` (keys: docs/oppo.md "GPU check") to the folder it is giv
 timeout still leaves what was measured. Each part is bounded by the budget (`--budget-s`, default 450 s):
 - `small_shape` first (30% of the budget): configs/ppo-tiny.yaml's models with the real shape's length tail scaled
   to a 128-token cap (lognormal, the same share at the cap); two calibration steps of the sequential mode size the
-  run (up to 30 steps) to its share; then the four modes round-robin through `training.bench.bench_oppo` (one
+  run (up to 30 steps) to its share; then the four modes round-robin through `training.benches.oppo.bench_oppo` (one
   seed), with GRPO's sequential and full runs beside them (modes `grpo/none`, `grpo/full`: G=4, no critic, against
   sequential PPO's target): time to held-out gold, final held-out gold and its SE over prompts, the gold speedups;
 - `real_shape` (the rest): configs/ppo-qwen2-0.5b.yaml. The warm starts (tokenizer, base policy, proxy reward
@@ -103,7 +103,7 @@ def decode_ms_by_rows(model, pad_id: int, vocab: int, rows=DECODE_ROWS, context:
     after a `context`-token prefill; no row finishes (no token is the end id)."""
     import torch
 
-    from training.engine import TransformersEngine
+    from training.rollout.engine import TransformersEngine
 
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(0)
@@ -127,8 +127,8 @@ def decode_ms_by_rows(model, pad_id: int, vocab: int, rows=DECODE_ROWS, context:
 def small_shape(check: Check, device: str, dry: bool, max_steps: int, gate_every: int, budget_s: float) -> None:
     """Time to held-out gold of the four modes at the small shape, as `bench oppo` measures it; as many steps (up to
     `max_steps`) as fit `budget_s` at the step time of two calibration steps of the sequential mode."""
-    from training.bench import DEFAULT_VARIANTS, bench_oppo, config_variants
-    from training.config import resolve_config
+    from training.benches.oppo import DEFAULT_VARIANTS, bench_oppo, config_variants
+    from training.job.config import resolve_config
     from training.trainer import Trainer
 
     over = {**SMALL_OVERRIDES, **(DRY_SMALL if dry else {}), "device": device, "dtype": "float32",
@@ -177,8 +177,8 @@ def small_shape(check: Check, device: str, dry: bool, max_steps: int, gate_every
 def real_shape(check: Check, device: str, dtype: str, dry: bool, steps: int, engine: str | None) -> None:
     import torch
 
-    from training.bench import PHASE_KEYS
-    from training.config import resolve_config
+    from training.benches.oppo import PHASE_KEYS
+    from training.job.config import resolve_config
     from training.trainer import Trainer
 
     over = {**(DRY_REAL if dry else {}), "device": device, "dtype": dtype, "cache_dir": check.cache_dir}

@@ -2,9 +2,10 @@
 each prompt (to the reward and gate functions, as keyword lists), the text the model reads for a prompt, and the
 reference completions of its warm start.
 
-- `SyntheticInputs`: the synthetic "balanced text" task of training/task.py (the default; every config before
+- `SyntheticInputs`: the synthetic "balanced text" task of training/inputs/synthetic_task.py (the default; every config
+before
   tenant data runs on it unchanged): generated prompts, no columns, the task's corpus as the warm start.
-- `DatasetInputs`: a tenant's own files (`task.kind: dataset`, read by training/datafiles.py): the `prompt_key`
+- `DatasetInputs`: a tenant's own files (`task.kind: dataset`, read by training/inputs/datafiles.py): the `prompt_key`
   column is the prompt, `sft_key` (optional) the reference completion, every other column goes to the functions.
 
 `job_inputs(cfg, tok)` builds the one a config names. A dataset's files are read once per process and kept (keyed by
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.config import DatasetTaskConfig, TrainConfig
+from training.job.config import DatasetTaskConfig, TrainConfig
 
 #: what a prompt becomes before the model reads it when there is no chat template: the synthetic task's prompts end
 #: in a mark and the answer follows a space; a dataset's prompt is followed by a newline (GSM8K's question/answer)
@@ -81,7 +82,7 @@ class SyntheticInputs(JobInputs):
     kind = "synthetic"
 
     def __init__(self, cfg: TrainConfig):
-        from training.task import make_prompts
+        from training.inputs.synthetic_task import make_prompts
 
         prompts = make_prompts(cfg.task, cfg.seed)
         self._split = {"train": prompts.train, "heldout": prompts.heldout}
@@ -178,7 +179,7 @@ def token_counter(tok: Any, template: bool, limit: int | None = None):
     whole column is counted the slow way."""
     import numpy as np
 
-    from training.datafiles import byte_token_counts
+    from training.inputs.datafiles import byte_token_counts
 
     byte_level = type(tok.hf).__name__ == "ByT5Tokenizer"
     if byte_level and not template:
@@ -301,7 +302,7 @@ _READ_LOCK = threading.Lock()
 
 
 def read_task_files(task: DatasetTaskConfig, tok: Any, warn=print):
-    """The (train, held-out) `training.datafiles.DataFile`s of a dataset task, read once per process for the same
+    """The (train, held-out) `training.inputs.datafiles.DataFile`s of a dataset task, read once per process for the same
     files and settings (see the module docstring); BadInput naming the file, line and column on bad data."""
     template = task.chat_template == "auto" and bool(getattr(tok.hf, "chat_template", None))
     files = []
@@ -313,7 +314,7 @@ def read_task_files(task: DatasetTaskConfig, tok: Any, warn=print):
         with _READ_LOCK:
             files.append(_read(key, p, field, task, tok, template, warn))
     train, heldout = files
-    from training.datafiles import overlap_count
+    from training.inputs.datafiles import overlap_count
 
     shared = overlap_count(train, heldout)
     if shared:
@@ -328,7 +329,7 @@ _KEEP = 4
 
 
 def _read(key, path, field, task, tok, template, warn):
-    from training.datafiles import load_datafile
+    from training.inputs.datafiles import load_datafile
 
     if key in _READ:
         return _READ[key]
@@ -357,21 +358,22 @@ def warn_stderr(message: str) -> None:
 def check_inputs(cfg: TrainConfig, warn=warn_stderr) -> None:
     """What the job's inputs name, read and validated before any work (the request's check: exit 2 from `train`, a
     deployment's run FAILED before it takes a slot): the reward and gate functions' files or modules exist, a data
-    set's files read cleanly (training/datafiles.py: the file, line and column of what is wrong), and the gate has
+    set's files read cleanly (training/inputs/datafiles.py: the file, line and column of what is wrong), and the gate
+    has
     `eval_prompts` held-out prompts. The files read here stay read for the trainer (`read_task_files`)."""
     from common.errors import BadInput
-    from training import rewards
+    from training.inputs import rewards
 
     for role in ("reward", "gate"):
         scorer = getattr(cfg, role)
         if scorer.kind == "function" and rewards.builtin(scorer.ref) is None:
-            from training.scorers import check_defined
-            from training.tenant_code import parse_ref
+            from training.inputs.scorers import check_defined
+            from training.inputs.tenant_code import parse_ref
 
             check_defined(parse_ref(scorer.ref, Path(cfg.config_dir) if cfg.config_dir else Path.cwd(), f"{role}.ref"))
     if cfg.task.kind != "dataset":
         return
-    from training.models import tokenizer_for
+    from training.inputs.tokenizer import tokenizer_for
 
     inputs = job_inputs(cfg, tokenizer_for(cfg), warn)
     if cfg.eval_prompts > inputs.n_heldout:
@@ -398,7 +400,7 @@ def job_lineage(cfg: TrainConfig) -> dict[str, Any]:
     file's own sha256, source, rows, context `training` / `eval`) and tags: the training algorithm (`ALGORITHM_TAG`),
     the task kind, the reward's and the gate's kind and code hash (a FILE.py's bytes, a module's source, a built-in's
     module), the held-out digest."""
-    from training import rewards
+    from training.inputs import rewards
 
     tags: dict[str, str] = {ALGORITHM_TAG: cfg.algorithm, "task.kind": cfg.task.kind, "reward.kind": cfg.reward.kind,
                             "gate.kind": cfg.gate.kind}
@@ -409,19 +411,19 @@ def job_lineage(cfg: TrainConfig) -> dict[str, Any]:
             if rewards.builtin(scorer.ref) is not None:
                 code_hash = rewards.code_hash(scorer.ref)
             else:
-                from training.tenant_code import parse_ref
+                from training.inputs.tenant_code import parse_ref
 
                 code_hash = parse_ref(scorer.ref, base, f"{role}.ref").code_hash
             tags[f"{role}.ref"], tags[f"{role}.code_hash"] = scorer.ref, code_hash
         elif scorer.kind == "model":
             tags[f"{role}.path"] = scorer.path
     if cfg.gate.kind == "gold":
-        from training.scorers import gold_code_hash
+        from training.inputs.scorers import gold_code_hash
 
         tags["gate.code_hash"] = gold_code_hash()
     datasets: list[DatasetLineage] = []
     if cfg.task.kind == "dataset":
-        from training.models import tokenizer_for
+        from training.inputs.tokenizer import tokenizer_for
 
         datasets = job_inputs(cfg, tokenizer_for(cfg), warn=lambda _m: None).lineage()
         tags["heldout.digest"] = next(d.digest for d in datasets if d.context == "eval")

@@ -2,7 +2,7 @@
 verl/utils/reward_score/).
 
 A job's `reward.ref` / `gate.ref` names either a built-in here (`gsm8k:strict_match`) or the tenant's own code
-(FILE.py:NAME, package.module:NAME). Built-ins are platform code: training/scorers.py calls them in the trainer's
+(FILE.py:NAME, package.module:NAME). Built-ins are platform code: training/inputs/scorers.py calls them in the trainer's
 process, with no worker pool; `builtin(name)` is None for any other name, so the caller falls back to tenant code.
 `code_hash(name)` fingerprints a built-in's source file for lineage, as tenant code is fingerprinted.
 """
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from training.rewards import gsm8k
+from training.inputs.rewards import gsm8k
 
 #: "<data source>:<score>" -> fn(prompts, completions, **columns) -> list[float | None]
 REGISTRY: dict[str, Callable] = {

@@ -1,21 +1,22 @@
-"""What scores a job's responses: the reward that trains it (`reward:`) and the held-out eval gate (`gate:`).
+"""What scores a job's responses: the reward that trains it (`reward:`) and the held-out eval gate's function (`gate:`;
+the gate's scorer of every kind is `training.gate.HeldoutScorer`).
 
-Kinds (training/config.py):
+Kinds (training/job/config.py):
 - reward `proxy` / `model`: a sequence-classification model, scored inside the rollout (the streamed "reward"
-  scorer of training/rollout.py); `function`: a function called once per step on the step's finished samples.
-- gate `gold`: the synthetic task's gold scorer (training/task.py); `function`: a function on the held-out
+  scorer of training/rollout/streaming.py); `function`: a function called once per step on the step's finished samples.
+- gate `gold`: the synthetic task's gold scorer (training/inputs/synthetic_task.py); `function`: a function on the
+held-out
   responses; `model`: a sequence-classification checkpoint's score.
 
-A function is a built-in (training/rewards: platform code, called in this process) or the tenant's own code
-(FILE.py:NAME or package.module:NAME), which never runs here: `TenantFunctionPool` (training/tenant_code.py) runs it
-in fresh child processes with a timeout, a memory limit, the config's folder as working directory and none of the
-platform's settings. Whatever tenant code does wrong ends as `TenantCodeError` (a tenant code fault, never a
+A function is a built-in (training/inputs/rewards: platform code, called in this process) or the tenant's own code
+(FILE.py:NAME or package.module:NAME), which never runs here: `TenantFunctionPool` (training/inputs/tenant_code.py)
+runs it in fresh child processes with a timeout, a memory limit, the config's folder as working directory and none of
+the platform's settings. Whatever tenant code does wrong ends as `TenantCodeError` (a tenant code fault, never a
 platform one), naming the function and what it did, with examples.
 """
 
 from __future__ import annotations
 
-import math
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -23,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.attribution import SampleError, SampleErrorSummary, TenantCodeError
-from training.config import FunctionSettings, TrainConfig
-from training.task import gold_score
+from training.job.config import FunctionSettings
 
 #: examples of failed samples kept for the tenant (job.json, the MLflow artifact)
 MAX_EXAMPLES = 5
@@ -35,7 +35,7 @@ class Scored:
     """Scores aligned with the completions (None: no score), the samples that raised, CPU seconds spent."""
 
     scores: list[float | None]
-    failures: list[Any] = field(default_factory=list)  # training.tenant_code.SampleFailure
+    failures: list[Any] = field(default_factory=list)  # training.inputs.tenant_code.SampleFailure
     cpu_s: float = 0.0
     wall_s: float = 0.0
 
@@ -44,7 +44,7 @@ class FunctionScorer:
     """One function of the job in one role ("reward function" or "gate function")."""
 
     def __init__(self, settings: FunctionSettings, role: str, field: str, config_dir: str | None, pool_of):
-        from training import rewards
+        from training.inputs import rewards
 
         self.settings, self.role, self.field = settings, role, field
         self.builtin = rewards.builtin(settings.ref)
@@ -53,7 +53,7 @@ class FunctionScorer:
             self.text, self.code_hash = settings.ref, rewards.code_hash(settings.ref)
             self.ref = None
         else:
-            from training.tenant_code import parse_ref
+            from training.inputs.tenant_code import parse_ref
 
             self.ref = parse_ref(settings.ref, Path(config_dir) if config_dir else Path.cwd(), field)
             self.text, self.code_hash = self.ref.text, self.ref.code_hash
@@ -106,66 +106,6 @@ def raised_too_often(scorer: FunctionScorer, failures: list[Any], n: int, step: 
     raise err
 
 
-class HeldoutScorer:
-    """The eval gate's scorer: `score(prompts, texts, responses, rows) -> list[float]`, one score per held-out
-    prompt (rows: their indices in the held-out split)."""
-
-    def __init__(self, cfg: TrainConfig, inputs: Any, tok: Any, pool_of=None, model: Any = None,
-                 own_pool: bool = False):
-        self.cfg, self.inputs, self.tok = cfg, inputs, tok
-        self.kind = cfg.gate.kind
-        self._pool = None
-        if own_pool:  # a scorer outside a trainer: a pool of its own, stopped by close()
-            pool_of = self._own_pool
-        self.function = (FunctionScorer(cfg.gate, "gate function", "gate.ref", cfg.config_dir, pool_of)
-                         if self.kind == "function" else None)
-        self.model = model
-
-    def _own_pool(self):
-        if self._pool is None:
-            from training.tenant_code import TenantFunctionPool
-
-            cwd = Path(self.cfg.config_dir) if self.cfg.config_dir else Path.cwd()
-            self._pool = TenantFunctionPool(cwd, workers=1, memory_mb=self.cfg.gate.memory_mb)
-        return self._pool
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
-
-    @property
-    def code_hash(self) -> str:
-        if self.function is not None:
-            return self.function.code_hash
-        if self.kind == "gold":
-            return gold_code_hash()
-        return ""
-
-    def score(self, prompts: list, texts: list[str], responses: list[list[int]], rows: list[int]) -> list[float]:
-        if self.kind == "gold":
-            return [gold_score(p, t, self.cfg.task) for p, t in zip(prompts, texts, strict=True)]
-        if self.kind == "model":
-            from training.device import autocast, model_device
-            from training.gate import proxy_scores
-
-            with autocast(model_device(self.model), self.cfg.dtype):
-                return proxy_scores(self.model, [self.tok.encode(self.inputs.render(p)) for p in prompts], responses,
-                                    self.tok.pad_id)
-        got = self.function(prompts, texts, self.inputs.columns("heldout", rows))
-        bad = [(i, f) for i, f in enumerate(got.failures)]
-        if bad or any(s is None or not math.isfinite(s) for s in got.scores):
-            examples = examples_of(got.failures)
-            missing = sum(s is None for s in got.scores) - len(got.failures)
-            what = (f"raised on {len(got.failures)} of {len(texts)} held-out prompts: {got.failures[0].error}" if bad
-                    else f"returned None (no score) for {missing} of {len(texts)} held-out prompts")
-            err = TenantCodeError(f"your gate function {self.function.text} {what}; a gate must score every held-out "
-                                  f"prompt (fix it and resubmit){'; examples attached' if examples else ''}")
-            err.examples = examples
-            raise err
-        return [float(s) for s in got.scores]
-
-
 def _file_hash(path: Path) -> str:
     import hashlib
 
@@ -173,8 +113,8 @@ def _file_hash(path: Path) -> str:
 
 
 def gold_code_hash() -> str:
-    """The synthetic task's gold scorer's code (training/task.py), as a gate's code hash."""
-    from training import task
+    """The synthetic task's gold scorer's code (training/inputs/synthetic_task.py), as a gate's code hash."""
+    from training.inputs import synthetic_task as task
 
     return _file_hash(Path(task.__file__))
 

@@ -1,7 +1,7 @@
 """A job's eval-gate detector as the request names it: a registered early-stop rule and its parameters
 (`DetectorSpec`), the text form (`paired(margin=0.1)`) and the platform's settings for parameters a name leaves out
-(`DETECTOR_DEFAULTS`). Its own module so that `training.lifecycle` (which builds a job's detector) and
-`training.request` (which validates it) both use it without importing each other."""
+(`DETECTOR_DEFAULTS`). Its own module so that `training.job.lifecycle` (which builds a job's detector) and
+`training.job.request` (which validates it) both use it without importing each other."""
 
 from __future__ import annotations
 
@@ -165,7 +165,8 @@ class DetectorSpec(BaseModel):
 
 def build_detector(detector: DetectorSpec | str | Mapping[str, Any] | None) -> Any:
     """The detector object a job's gate runs, from a `DetectorSpec`, its text or mapping (None: none). Entry points
-    validate the detector at the edge (`training.request.parse_detector`), so a spec arrives here already checked."""
+    validate the detector at the edge (`training.job.request.parse_detector`), so a spec arrives here already
+    checked."""
     if detector is None:
         return None
     spec = detector if isinstance(detector, DetectorSpec) else DetectorSpec.model_validate(detector)

@@ -16,7 +16,7 @@ from typing import Any
 @dataclass(frozen=True)
 class Canary:
     name: str
-    #: the trainer's `fault:` block (training/config.py FaultConfig); None for the control
+    #: the trainer's `fault:` block (training/job/config.py FaultConfig); None for the control
     fault: dict | None
     #: the alert that must fire (None: nothing may page)
     expected: str | None
@@ -50,7 +50,7 @@ CANARIES = (
 
 def base_config(steps: int, fault_at: int, cache_dir: str) -> dict:
     """A small healthy PPO job on the synthetic task: a strong KL penalty and a modest learning rate keep
-    the policy near the base distribution where proxy and gold agree (training/task.py), and a batch of
+    the policy near the base distribution where proxy and gold agree (training/inputs/synthetic_task.py), and a batch of
     32 keeps per-step reward noise low enough that learning is visible within the canary's windows."""
     return {
         "seed": 0, "steps": steps,
@@ -65,8 +65,8 @@ def base_config(steps: int, fault_at: int, cache_dir: str) -> dict:
 def canary_spec(canary: Canary, steps: int, fault_at: int, cache_dir: str):
     """The canary's job: the shared base with its fault and overrides, no run directory, its overlap mode."""
     from common.validate import set_dotted
-    from training.config import TrainConfig
-    from training.lifecycle import JobSpec
+    from training.job.config import TrainConfig
+    from training.job.lifecycle import JobSpec
 
     raw = base_config(steps, fault_at, cache_dir)
     raw["name"] = f"canary-{canary.name}"
@@ -82,10 +82,10 @@ def canary_spec(canary: Canary, steps: int, fault_at: int, cache_dir: str):
 def run_canary(canary: Canary, steps: int, fault_at: int, cache_dir: str, catalog: Any, metrics: Any = None,
                ledger: Any = None, progress: Any = None) -> dict:
     """Run one canary: a real PPO job fed step by step through the catalog and the run state machine
-    (`training.lifecycle.run_job`). A fault canary stops as soon as its expected alert fired (proof obtained); the
+    (`training.job.lifecycle.run_job`). A fault canary stops as soon as its expected alert fired (proof obtained); the
     control runs in full."""
     from eval.states import RunState
-    from training.lifecycle import JobHooks, make_supervisor, run_job
+    from training.job.lifecycle import JobHooks, make_supervisor, run_job
 
     spec = canary_spec(canary, steps, fault_at, cache_dir)
     # the catalog given (thresholds file and profile) built for this canary's algorithm: its thresholds, and only

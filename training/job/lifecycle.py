@@ -1,7 +1,7 @@
 """One job's lifecycle, written once: take slots, start the worker, supervise every step, stop or pause at a
 checkpoint, score the checkpoints and keep the best, end the run state. Plain Python (no Prefect, no MLflow):
-the canaries (`training/canaries.py`), `flows/rlhf_job.py` and the platform round (`flows/platform_round.py`) all
-call `run_job`; what differs between them is injected.
+the canaries (`training/benches/canaries.py`), `flows/rlhf_job.py` and the platform round (`flows/platform_round.py`)
+all call `run_job`; what differs between them is injected.
 
 - `JobSpec`: what the job is (typed; replaces the flows' loose argument lists).
 - `JobHooks`: the platform's side effects, each a method with a plain in-process default: holding GPU slots,
@@ -65,9 +65,9 @@ class PausedRun:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One job. `config` is a validated `training.config.TrainConfig`; `out_dir` None trains without a run
+    """One job. `config` is a validated `training.job.config.TrainConfig`; `out_dir` None trains without a run
     directory (no checkpoints: nothing to score). `detector`: the eval-gate detector (a
-    `training.request.DetectorSpec`, or its text: `evalstop`, `paired(margin=0.1)`; None: no gate);
+    `training.job.request.DetectorSpec`, or its text: `evalstop`, `paired(margin=0.1)`; None: no gate);
     `alerts`/`alert_profile`: the alert catalog. `pausable`: a detector verdict pauses the run (PAUSED_BY_GATE,
     resumable) instead of ending it SUCCEEDED. `resume`: continue the paused run from its kept checkpoint."""
 
@@ -223,13 +223,14 @@ def make_supervisor(spec: JobSpec, ledger: Any = None, metrics: Any = None, run_
                     catalog: Any = None, gate: Any = None):
     """The job's `eval.supervisor.RunSupervisor`, the one place one is made: the alert catalog (`catalog`, default
     the file `spec.alerts` with `spec.alert_profile`, built for the config's `algorithm`), the gate detector (`gate`,
-    a detector object, else the one `spec.detector` specifies: a `training.request.DetectorSpec`, its text or a
+    a detector object, else the one `spec.detector` specifies: a `training.job.request.DetectorSpec`, its text or a
     name; `planned_gate` fits it to the job's planned looks), the planned steps (`spec.steps`: the gate's short-run
     phase needs them), the ledger and metrics to charge.
-    A job asked for as a `training.request.JobRequest` gets its spec and supervisor from `training.request.build`."""
+    A job asked for as a `training.job.request.JobRequest` gets its spec and supervisor from
+    `training.job.request.build`."""
     from eval.health import Catalog
     from eval.supervisor import RunSupervisor
-    from training.detector_spec import build_detector
+    from training.job.detector_spec import build_detector
 
     if catalog is None:
         # the job's algorithm picks its thresholds and leaves out the alerts that do not apply to it (no critic alert

@@ -58,8 +58,8 @@ def _as_run(config: dict) -> dict:
     the only device before there was one), so a CPU baseline compares with a CPU run and never with a GPU one."""
     from pydantic import ValidationError
 
-    from training.config import ALGORITHM_OF_ADVANTAGE, TrainConfig
-    from training.device import cuda_absent_reason
+    from training.job.config import ALGORITHM_OF_ADVANTAGE, TrainConfig
+    from training.job.device import cuda_absent_reason
 
     device = config.get("device")
     if "algorithm" not in config and isinstance(config.get("ppo"), dict):

@@ -14,7 +14,7 @@ exists. Checks in two steps, both before anything is provisioned or written:
 - the model itself (pydantic, no I/O): names are identifiers, numbers in range, choices from the registries, the
   run directory resolves under `out_root`, `gpus <= cluster_gpus`;
 - `JobRequest.checked()` (files, once per run of the request): the training config with its overrides and steps
-  (`training.config`), the detector with its calibrated thresholds, the alert catalog, the price of `gpu_kind`
+  (`training.job.config`), the detector with its calibrated thresholds, the alert catalog, the price of `gpu_kind`
   (`check_gpu_kind`), and for `resume_paused` a paused run in the run directory.
 
 The gate detector is a `DetectorSpec` (`{name, params}`, or text: `paired`, `paired(margin=0.1)`): a registered rule
@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from common.errors import BadInput, describe_validation_error
-from training.detector_spec import (  # noqa: F401  (the request's detector contract, re-exported)
+from training.job.detector_spec import (  # noqa: F401  (the request's detector contract, re-exported)
     DETECTOR_DEFAULTS,
     DETECTOR_SYNTAX,
     DetectorName,
@@ -55,7 +55,7 @@ NAME_RULE = "1-63 lowercase letters, digits, '-' or '_', starting with a letter 
 Overlap = Literal["none", "intra", "inter", "full"]
 #: the alert catalog's profiles in configs/alerts.yaml (None: production thresholds)
 AlertProfile = Literal["canary"]
-#: training.config.ALGORITHMS (tests/flows/test_flow_forms.py keeps them equal): the form's drop-down
+#: training.job.config.ALGORITHMS (tests/flows/test_flow_forms.py keeps them equal): the form's drop-down
 Algorithm = Literal["ppo", "grpo", "rloo"]
 #: the request's typed config fields and the dotted config field each sets (the form's drop-downs and numbers; the
 #: same fields as `overrides` would, which may not say otherwise)
@@ -185,10 +185,10 @@ class CheckedJob:
     """What `JobRequest.checked()` read and validated: the training config, the alert catalog, the price table's
     kinds, and the paused run a `resume_paused` request continues."""
 
-    config: Any  # training.config.TrainConfig
+    config: Any  # training.job.config.TrainConfig
     catalog: Any  # eval.health.Catalog
     gpu_hour: dict[str, Any]
-    paused: Any = None  # training.lifecycle.PausedRun
+    paused: Any = None  # training.job.lifecycle.PausedRun
 
 
 class JobRequest(BaseModel):
@@ -277,7 +277,7 @@ class JobRequest(BaseModel):
     @field_validator("device")
     @classmethod
     def _device(cls, value: str | None) -> str | None:
-        from training.config import check_device_text
+        from training.job.config import check_device_text
 
         return value if value is None else check_device_text(value)
 
@@ -325,8 +325,8 @@ class JobRequest(BaseModel):
 
 def _check(request: JobRequest) -> CheckedJob:
     from common.validate import check_out_dir
-    from training.config import resolve_config
-    from training.lifecycle import JOB_DONE, paused_run
+    from training.job.config import resolve_config
+    from training.job.lifecycle import JOB_DONE, paused_run
 
     check_out_dir(request.out_root, "out_root")
     check_out_dir(request.out_dir, "run_dir")
@@ -341,10 +341,10 @@ def _check(request: JobRequest) -> CheckedJob:
             raise BadInput(f"{key}: {value!r}, but overrides sets {dotted} to {overrides[dotted]!r}: give one")
         overrides[dotted] = value
     cfg = resolve_config(request.config, overrides)  # first: a config error before numpy, eval or torch is imported
-    from training.device import check_named_cuda
+    from training.job.device import check_named_cuda
 
     check_named_cuda(cfg.device)  # refused here, before any slot or model, when absent
-    from training.inputs import check_inputs
+    from training.inputs.job_inputs import check_inputs
 
     check_inputs(cfg)  # a tenant's data files and function refs: bad data is bad input, found before any slot
     from eval.health import Catalog
@@ -421,14 +421,14 @@ def describe(err: ValidationError, source: str = "") -> str:
 
 def build(request: JobRequest, checked: CheckedJob | None = None, *, run_id: str = "", ledger: Any = None,
           metrics: Any = None, pausable: bool = True, resume: Any = None, run_through_pause: bool = False):
-    """The job's `training.lifecycle.JobSpec` and its `eval.supervisor.RunSupervisor` (alert catalog, the gate
+    """The job's `training.job.lifecycle.JobSpec` and its `eval.supervisor.RunSupervisor` (alert catalog, the gate
     detector `request.detector` specifies, with its parameters, fitted to the job's planned looks, planned steps,
     ledger and metrics to charge) from a request and its `checked()` result (checked here when not given). A platform
     round's jobs carry its scheduler's rule in their requests, so the round and every other entry point decide with a
     detector built here. `pausable`: a stop pauses the run (PAUSED_BY_GATE, resumable; the live paths) rather than
     ending it; `run_through_pause`: train on past a pause (`rlhfops train` without a detector runs every step it was
     asked for). `resume`: the `PausedRun` to continue (default: the one a `resume_paused` request found)."""
-    from training.lifecycle import JobSpec, make_supervisor
+    from training.job.lifecycle import JobSpec, make_supervisor
 
     checked = checked if checked is not None else request.checked()
     spec = JobSpec(tenant=request.tenant, name=request.name, config=checked.config, run_id=run_id,

@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from training.bench_baseline import bench_settings, comparable  # noqa: F401 - light: the checks before torch loads
-from training.config import TrainConfig
-from training.oppo import deferral_histogram
+from training.benches.baseline import bench_settings, comparable  # noqa: F401 - light: the checks before torch loads
+from training.job.config import TrainConfig
+from training.rollout.controllers import deferral_histogram
 from training.trainer import OVERLAPS, Trainer, gold_eval
 
 PHASE_KEYS = ("rollout", "score", "sync", "optim")
@@ -411,7 +411,7 @@ def proxy_eval(tr: Trainer, seed: int) -> tuple[float, float]:
     inter-step overlap trains on the first B to finish, which skews its training-batch reward)."""
     import torch
 
-    from training.engine import IncrementalScorer, left_pad
+    from training.rollout.engine import IncrementalScorer, left_pad
     from training.trainer import generate
 
     cfg = tr.cfg
@@ -531,7 +531,7 @@ def markdown_table(result: dict) -> str:
     return "\n".join(rows)
 
 
-if __name__ == "__main__":  # python -m training.bench RESULT.json: the markdown table of a saved bench result
+if __name__ == "__main__":  # python -m training.benches.oppo RESULT.json: the markdown table of a saved bench result
     import json
     import sys
 

@@ -51,7 +51,7 @@ def score_all(trainer: Any, config: Any = None) -> list[float]:
 
 def bench_gain(config: str | Path, seeds: list[int], overlap: str = "full", steps: int | None = None,
                z: float = 2.0, say: Callable[[str], None] = print, overrides: dict | None = None) -> dict[str, Any]:
-    from training.config import resolve_config
+    from training.job.config import resolve_config
     from training.trainer import Trainer
 
     per_seed = []

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from training.config import TaskConfig
+from training.job.config import TaskConfig
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 VOWELS = frozenset("aeiou")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from training.engine import GenerationEngine, IncrementalScorer, _units_done, left_pad
+from training.rollout.engine import GenerationEngine, IncrementalScorer, _units_done, left_pad
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Sequence:
     prompt_ids: list[int]
     enqueued_step: int
     response_ids: list[int] = field(default_factory=list)
-    #: the prompt's row in the job's train split (training/inputs.py: its columns reach a reward function)
+    #: the prompt's row in the job's train split (training/inputs/job_inputs.py: its columns reach a reward function)
     row: int = -1
     versions: list[int] = field(default_factory=list)  # policy version that generated each token
     #: log pi_behav(token) under the weights that sampled it (the off-policy correction's denominator)

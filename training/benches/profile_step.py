@@ -3,9 +3,9 @@
 Run a few steps of one overlap mode on the bench workload (configs/ppo-bench.yaml) after a warm-up, under py-spy,
 twice: once sampling every thread whatever it does (`--idle`), once only the thread that holds the GIL (`--gil`):
 
-    py-spy record --idle --threads --format raw -r 200 -o full-all.txt -- python -m training.profile_step full 8
-    py-spy record --gil  --threads --format raw -r 200 -o full-gil.txt -- python -m training.profile_step full 8
-    python -m training.profile_step --summarise full-all.txt full-gil.txt
+    py-spy record --idle --threads --format raw -r 200 -o full-all.txt -- python -m training.benches.profile_step full 8
+    py-spy record --gil  --threads --format raw -r 200 -o full-gil.txt -- python -m training.benches.profile_step full 8
+    python -m training.benches.profile_step --summarise full-all.txt full-gil.txt
 
 The summary splits each thread's samples into what it was doing (decode, scoring, PPO update, waiting on the
 scorer queue or join, setup) and, per activity, the share of the wall time in which that thread held the GIL. The
@@ -35,7 +35,7 @@ ACTIVITIES = (
 def run(mode: str, steps: int, warmup: int = 3, config: str = "configs/ppo-bench.yaml") -> None:
     """`warmup` steps, then `steps` more of `mode` (the profiler samples them all; the warm-up shows as its own
     share of setup and early steps)."""
-    from training.config import load_config
+    from training.job.config import load_config
     from training.trainer import Trainer
 
     cfg = load_config(config)
@@ -106,7 +106,7 @@ def main(argv: list[str]) -> int:
     if len(argv) in (1, 2) and argv[0] in ("none", "intra", "inter", "full"):
         run(argv[0], int(argv[1]) if len(argv) == 2 else 8)
         return 0
-    print("usage: python -m training.profile_step MODE [STEPS] | --summarise ALL.txt GIL.txt", file=sys.stderr)
+    print("usage: python -m training.benches.profile_step MODE [STEPS] | --summarise ALL.txt GIL.txt", file=sys.stderr)
     return 2
 
 
