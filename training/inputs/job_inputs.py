@@ -181,8 +181,7 @@ def token_counter(tok: Any, template: bool, limit: int | None = None):
 
     from training.inputs.datafiles import byte_token_counts
 
-    byte_level = type(tok.hf).__name__ == "ByT5Tokenizer"
-    if byte_level and not template:
+    if getattr(tok, "byte_level", False) and not template:
         return lambda column: byte_token_counts(column) + len(DATASET_SEPARATOR.encode())
 
     def hf_counts(texts: list[str]) -> np.ndarray:
@@ -373,9 +372,9 @@ def check_inputs(cfg: TrainConfig, warn=warn_stderr) -> None:
             check_defined(parse_ref(scorer.ref, Path(cfg.config_dir) if cfg.config_dir else Path.cwd(), f"{role}.ref"))
     if cfg.task.kind != "dataset":
         return
-    from training.inputs.tokenizer import tokenizer_for
+    from training.inputs.tokenizer import counting_tokenizer
 
-    inputs = job_inputs(cfg, tokenizer_for(cfg), warn)
+    inputs = job_inputs(cfg, counting_tokenizer(cfg), warn)
     if cfg.eval_prompts > inputs.n_heldout:
         raise BadInput(f"eval_prompts: {cfg.eval_prompts} is more than the {inputs.n_heldout} prompts of task.heldout "
                        f"('{cfg.task.heldout}'): lower eval_prompts or add held-out prompts")

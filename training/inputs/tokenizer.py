@@ -30,6 +30,7 @@ import numpy as np
 
 from training.inputs.synthetic_task import CONSONANTS, answer_length, make_prompts
 from training.job.config import TaskConfig, TrainConfig
+from training.job.sizing import BYTE_VOCAB
 
 #: characters of text the BPE is trained on (about 6 s of text generation and 10-30 s of training on 2 cores)
 CORPUS_CHARS = 4_000_000
@@ -124,6 +125,8 @@ class Tokenizer:
 
     def __init__(self, hf_tokenizer):
         self.hf = hf_tokenizer
+        #: ByT5's bytes: one id per UTF-8 byte (a prompt's count needs no tokenizer call)
+        self.byte_level = type(hf_tokenizer).__name__ == "ByT5Tokenizer"
         self.pad_id = hf_tokenizer.pad_token_id if hf_tokenizer.pad_token_id is not None else 0
         self.eos_id = hf_tokenizer.eos_token_id
         self.vocab_size = len(hf_tokenizer)
@@ -154,3 +157,31 @@ def make_tokenizer(path: str | None = None, task: TaskConfig | None = None,
 def tokenizer_for(cfg: TrainConfig) -> Tokenizer:
     """The tokenizer a job's config names (the policy checkpoint's, the task's BPE, or bytes)."""
     return make_tokenizer(cfg.policy.model_name_or_path, cfg.task, cfg.cache_dir)
+
+
+class _ByteVocabulary:
+    """What reading a data file asks of ByT5's tokenizer object (`Tokenizer.hf`): no chat template, its name and its
+    size, which key the files read once per process (training/inputs/job_inputs.py `read_task_files`)."""
+
+    chat_template = None
+    name_or_path = ""
+
+    def __len__(self) -> int:
+        return BYTE_VOCAB
+
+
+class ByteCounts:
+    """The byte tokenizer as the check of a request counts with it: a prompt's tokens are its UTF-8 bytes, so the
+    check needs no transformers (nor the torch it loads): a bad data file is refused in well under a second.
+    tests/training/test_request_check_light.py holds it to `ByT5Tokenizer(extra_ids=0)`."""
+
+    byte_level = True
+    hf = _ByteVocabulary()
+
+
+def counting_tokenizer(cfg: TrainConfig) -> Tokenizer | ByteCounts:
+    """The tokenizer a request's check counts prompt tokens with: the job's own (`tokenizer_for`), or for the byte
+    tokenizer (no checkpoint, no BPE) `ByteCounts`, which counts the same without loading transformers."""
+    if not cfg.policy.model_name_or_path and cfg.task.tokenizer != "bpe":
+        return ByteCounts()
+    return tokenizer_for(cfg)
