@@ -15,6 +15,23 @@ OVERLAP_HELP = ("none: sequential PPO; intra: stream C-token chunks to the rewar
                 "full: both (OPPO)")
 
 
+def failure_lines(record: dict, path: Path) -> list[str]:
+    """What a FAILED run prints: its class and reason, up to three of the samples the tenant's code failed on, and
+    where the rest is, naming only what `path` (its job.json) holds and a checkpoint only when one was saved."""
+    lines = [f"[red]failed ({record.get('failure_class')}):[/red] {record.get('reason')}"]
+    for example in record.get("examples", [])[:3]:
+        if isinstance(example, dict):
+            lines.append(f"  prompt {str(example.get('prompt'))[:80]!r} -> {str(example.get('error'))[:120]}")
+        else:
+            lines.append(f"  {str(example)[:200]}")
+    held = [what for key, what in (("examples", "examples"), ("traceback", "the traceback"),
+                                   ("alerts", "the health history")) if record.get(key)]
+    lines.append(f"{', '.join(held) + ' and the' if held else 'the'} run's record: {path}")
+    if record.get("last_checkpoint"):
+        lines.append(f"last checkpoint: {record['last_checkpoint']}")
+    return lines
+
+
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train_cmd(
@@ -71,8 +88,7 @@ def register(app: typer.Typer) -> None:
         (out / JOB_DONE).unlink(missing_ok=True)  # the record of an earlier run's end: this run writes its own
         console = make_console()
         gated = gate is not None
-        spec, supervisor = build(request, checked, run_id=f"{config.stem}-{overlap}", pausable=gated,
-                                 run_through_pause=not gated)
+        spec, supervisor = build(request, checked, run_id=f"{config.stem}-{overlap}", pausable=gated)
         total = spec.steps
         seen = {"first": 0, "last": None, "best": (-math.inf, 0)}
         # a bar on a terminal; flushed done/total lines when the output is a pipe or a file (nohup, CI)
@@ -105,23 +121,13 @@ def register(app: typer.Typer) -> None:
 
         with progress:
             outcome = run_job(spec, hooks=TrainHooks(), supervisor=supervisor)
-        if outcome.error is not None:
-            from eval.attribution import TenantCodeError
-            from training.job.device import DeviceOutOfMemory
-
-            if isinstance(outcome.error, TenantCodeError):  # the tenant's: one line, examples in OUT/job.json
-                record = job_record(outcome)
-                (out / JOB_DONE).write_text(json.dumps({**record, "tenant": request.tenant, "name": request.name,
-                                                        "overlap": request.overlap}, default=str))
-                console.print(f"[red]failed ({record.get('failure_class')}):[/red] {outcome.status.reason}")
-                for example in record.get("examples", [])[:3]:
-                    console.print(f"  prompt {str(example['prompt'])[:80]!r} -> {example['error'][:120]}")
-                console.print(f"examples and the last checkpoint: {out} (job.json)")
-                raise typer.Exit(1)
-            if isinstance(outcome.error, DeviceOutOfMemory):  # the job's reason, one line; the run dir keeps its
-                console.print(f"[red]failed:[/red] {outcome.error}")  # checkpoints
-                raise typer.Exit(1)
-            raise outcome.error
+        if outcome.status.state.value == "FAILED":  # whatever ended it: an error, the tenant's code, an alert
+            record = {**job_record(outcome), "tenant": request.tenant, "name": request.name,
+                      "detector": gate.label if gated else None, "overlap": request.overlap}
+            (out / JOB_DONE).write_text(json.dumps(record, default=str))
+            for line in failure_lines(record, out / JOB_DONE):
+                console.print(line)
+            raise typer.Exit(1)
         last, first, best_gold = seen["last"], seen["first"], seen["best"]
         if last is None:
             console.print(f"nothing to do: {out} already holds step {first} of {total}")
