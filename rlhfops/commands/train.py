@@ -32,6 +32,23 @@ def failure_lines(record: dict, path: Path) -> list[str]:
     return lines
 
 
+def tracked_run(request, spec):
+    """The job's MLflow run (`infra.job_run.JobRun`, the helpers the rlhf-job flow's run is written with) when
+    MLFLOW_TRACKING_URI is set, else None: a plain `rlhfops train` writes no store of its own."""
+    import os
+
+    if not os.environ.get("MLFLOW_TRACKING_URI", "").strip():
+        return None
+    from infra.job_run import JobRun
+
+    run = JobRun.open(request.tenant, request.name, spec.config,
+                      {"config": request.config_label, "overlap": request.overlap, "gpus": request.gpus,
+                       "detector": request.detector.label if request.detector is not None else "none"},
+                      experiment=request.mlflow_experiment)
+    run.uri = os.environ["MLFLOW_TRACKING_URI"]
+    return run
+
+
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train_cmd(
@@ -47,6 +64,8 @@ def register(app: typer.Typer) -> None:
         fresh: bool = typer.Option(False, "--fresh", help="ignore checkpoints in the run directory and start over"),
         trace: Path = typer.Option(None, "--trace", help="also write a Trace CSV here (docs/ARCHITECTURE.md)"),
         label: int = typer.Option(None, "--label", help="Trace CSV label for this run: 1 hacking, 0 healthy"),
+        tenant: str = typer.Option("local", "--tenant", help="the tenant the job runs and is logged under"),
+        name: str = typer.Option(None, "--name", help="the job's name (default: from the config file's name)"),
         detector: str = typer.Option(None, "--detector", help="eval-gate detector, e.g. paired (the platform "
                                      "round's gate, margin 0.1), 'paired(margin=0.05)' or evalstop: NAME or "
                                      "NAME(param=value, ...), a parameter left out getting the platform's setting; "
@@ -54,7 +73,8 @@ def register(app: typer.Typer) -> None:
                                      "(PAUSED_BY_GATE, best checkpoint kept, the evidence in OUT/job.json; `rlhfops "
                                      "resume OUT` continues it). Default: no gate, every step is trained"),
     ) -> None:
-        """Train a policy with PPO (+ OPPO overlap); writes OUT/metrics.csv, OUT/checkpoints/, OUT/summary.json."""
+        """Train a policy with PPO (+ OPPO overlap); writes OUT/metrics.csv, OUT/checkpoints/, OUT/summary.json; with
+        MLFLOW_TRACKING_URI set, also an MLflow run `<tenant>/<name>` (params, step metrics, lineage, how it ended)."""
         from common.validate import check_out_dir, check_out_file
         from training.job.request import build, job_name, parse_detector, parse_request
 
@@ -66,8 +86,8 @@ def register(app: typer.Typer) -> None:
         check_out_file(trace, "trace")
         # the job, as every entry point asks for one: one run directory (OUT itself); with --detector its supervisor
         # gates it as the platform does (the same builder, planned steps and rule), without one every step is run
-        request = parse_request({"config": str(config), "overlap": overlap, "steps": steps, "tenant": "local",
-                                 "name": job_name(config.stem), "detector": gate, "out_root": str(out),
+        request = parse_request({"config": str(config), "overlap": overlap, "steps": steps, "tenant": tenant,
+                                 "name": name or job_name(config.stem), "detector": gate, "out_root": str(out),
                                  "run_dir": ".", "resume": not fresh, "device": device, "dtype": dtype})
         checked = request.checked()
         # torch: only once the request is known good, so a config error is reported in under a second
@@ -119,8 +139,21 @@ def register(app: typer.Typer) -> None:
             def score(self, spec, checkpoints):
                 return super().score(spec, checkpoints) if gated else []
 
-        with progress:
-            outcome = run_job(spec, hooks=TrainHooks(), supervisor=supervisor)
+        tracked = tracked_run(request, spec)  # None unless MLFLOW_TRACKING_URI is set
+        hooks = TrainHooks()
+        if tracked is not None:
+            hooks.log_records = tracked.log_records
+        try:
+            with progress:
+                outcome = run_job(spec, hooks=hooks, supervisor=supervisor)
+        except BaseException as err:
+            if tracked is not None:
+                tracked.fail(err)
+            raise
+        if tracked is not None:
+            tracked.close(outcome, {"steps": len(outcome.records), "train_wall_s": outcome.train_wall_s,
+                                    "alerts_paged": len(supervisor.machine.pages)})
+            console.print(f"MLflow run {tracked.run_id} ({request.tenant}/{request.name}) in {tracked.uri}")
         if outcome.status.state.value == "FAILED":  # whatever ended it: an error, the tenant's code, an alert
             record = {**job_record(outcome), "tenant": request.tenant, "name": request.name,
                       "detector": gate.label if gated else None, "overlap": request.overlap}

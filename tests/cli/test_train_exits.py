@@ -79,3 +79,40 @@ def test_a_run_an_alert_failed_exits_1_stops_and_records_why(tmp_path, capsys, m
         assert done["last_checkpoint"] == saved[-1] and f"last checkpoint: {saved[-1]}" in text
     else:  # none saved: none named
         assert saved == [] and done["last_checkpoint"] is None and "checkpoint:" not in text
+
+
+@pytest.mark.timeout(600)
+def test_train_logs_to_mlflow_under_the_tenant_and_name_given(tmp_path, capsys, monkeypatch, warm_start_cache):
+    """With MLFLOW_TRACKING_URI set (a temporary SQLite store), `rlhfops train --tenant --name` leaves one MLflow run
+    named `<tenant>/<name>` with the tenant tag, the config as params, the steps it ran as metrics and how it ended
+    (the alert-failed run above: FAILED, decided by the alert at step 3)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    spike_kl(monkeypatch)
+    config = tiny_yaml(tmp_path / "job", warm_start_cache, 2)
+    code, out, err = run_cli_output(["train", config, "--overlap", "none", "--out", tmp_path / "run",
+                                     "--tenant", "umbrella", "--name", "first-try"], capsys, monkeypatch)
+    assert code == 1, out + err
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    tags, params = run.data.tags, run.data.params
+    assert run.info.run_name == "umbrella/first-try" and tags["tenant"] == "umbrella"
+    assert run.info.status == "FAILED" and tags["run_state"] == "FAILED(algorithmic_non_convergence)"
+    assert tags["decided_by"] == "alert" and tags["decision"] == f"failed: kl_blowup at step {PAGED_AT}"
+    assert params["steps"] == str(STEPS) and params["ppo.batch_size"] == "4" and params["overlap"] == "none"
+    kl = client.get_metric_history(run.info.run_id, "kl")
+    assert [m.step for m in kl] == list(range(1, PAGED_AT + 1))  # every step it ran, none after the page
+    assert [m.value for m in kl][SPIKE_FROM - 1:] == [10.0] * (PAGED_AT - SPIKE_FROM + 1)
+    done = json.loads((tmp_path / "run" / "job.json").read_text())
+    assert (done["tenant"], done["name"]) == ("umbrella", "first-try")
+    assert run.info.run_id in " ".join((out + err).split())
+
+
+def test_train_writes_no_store_without_a_tracking_uri(tmp_path, monkeypatch):
+    from rlhfops.commands.train import tracked_run
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert tracked_run(None, None) is None and list(tmp_path.iterdir()) == []
