@@ -110,6 +110,8 @@ def register(app: typer.Typer) -> None:
         gated = gate is not None
         spec, supervisor = build(request, checked, run_id=f"{config.stem}-{overlap}", pausable=gated)
         total = spec.steps
+        # a tenant's job is scored by its own gate, not the synthetic task's gold scorer: its lines say so
+        score_word = "gate score" if spec.config.task.kind == "dataset" else "gold"
         seen = {"first": 0, "last": None, "best": (-math.inf, 0)}
         # a bar on a terminal; flushed done/total lines when the output is a pipe or a file (nohup, CI)
         progress = Progress(console)
@@ -131,7 +133,7 @@ def register(app: typer.Typer) -> None:
                 seen["last"] = rec
                 if not math.isnan(rec.gold_eval) and rec.gold_eval > seen["best"][0]:
                     seen["best"] = (rec.gold_eval, rec.step)
-                gold = "" if math.isnan(rec.gold_eval) else f" gold {rec.gold_eval:+.3f}"
+                gold = "" if math.isnan(rec.gold_eval) else f" {score_word} {rec.gold_eval:+.3f}"
                 progress.update(rec.step)
                 progress.status(f"reward {rec.reward_mean:+.3f}{gold} kl {rec.kl:.2f} Δ {rec.delta}")
                 return None
@@ -167,7 +169,7 @@ def register(app: typer.Typer) -> None:
             return
         paged = sorted({e.alert for e in supervisor.events if e.severity == "paging"})
         # no gate ran (fewer steps than eval_every): say so rather than print the -inf the search starts from
-        gold = (f"best gold {best_gold[0]:+.3f} @ step {best_gold[1]}" if best_gold[1] > 0 else
+        gold = (f"best {score_word} {best_gold[0]:+.3f} @ step {best_gold[1]}" if best_gold[1] > 0 else
                 f"no gate yet (every {spec.config.eval_every} steps)")
         console.print(
             f"[bold]{spec.config.algorithm} {spec.overlap}[/bold] steps {first + 1}-{last.step} in {last.wall_s:.1f}s "
