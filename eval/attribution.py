@@ -133,6 +133,13 @@ def _example_text(example: dict) -> str:
             + (f" ({' | '.join(tail)})" if tail else ""))
 
 
+def _attached(items: tuple[str, ...], what: str) -> str:
+    """`, 3 examples attached` when there are any, else nothing: a line points only at what the run's record holds
+    (`training.job.lifecycle.job_record` writes an attribution's examples into job.json)."""
+    n = len(items)
+    return f", {n} {what}{'s' * (n != 1)} attached" if n else ""
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%" if x >= 0.001 else f"{100 * x:.2f}%"
 
@@ -161,7 +168,7 @@ def attribute(evidence: RunEvidence, tenant_error_rate: float = 0.01) -> Attribu
                 return Attribution(
                     FailureClass.TENANT_CODE_FAULT,
                     f"your reward function raised on {_pct(summary.rate)} of samples ({summary.failures} of "
-                    f"{summary.calls}), examples attached; fix it and resubmit",
+                    f"{summary.calls}){_attached(ex, 'example')}; fix it and resubmit",
                     ex,
                 )
             return Attribution(
@@ -180,7 +187,7 @@ def attribute(evidence: RunEvidence, tenant_error_rate: float = 0.01) -> Attribu
         return Attribution(
             FailureClass.TENANT_CODE_FAULT,
             f"your reward function raised on {_pct(errs.rate)} of samples ({errs.failures} of {errs.calls}; "
-            f"{kinds}), examples attached; fix it and resubmit",
+            f"{kinds}){_attached(examples, 'example')}; fix it and resubmit",
             examples,
         )
     pages = [a for a in evidence.alerts if getattr(a, "severity", "paging") == "paging"]

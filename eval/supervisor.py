@@ -152,13 +152,27 @@ class RunSupervisor:
         self._publish()
         return status
 
+    def failing(self) -> str:
+        """The reason this run will end FAILED whatever it does next, or "" while it may still succeed: the
+        attribution (`eval.attribution.attribute`, the same function `finish` asks) of the paging alerts seen so far,
+        as if the run completed now. A paging alert fails a run (non-convergence, or a platform fault for a
+        run-mechanics alert) whatever the steps after it do, so the job's lifecycle stops there rather than spend
+        its slots on a run that can only fail (`training.job.lifecycle.supervise`)."""
+        if not self.machine.pages:
+            return ""
+        from eval.attribution import RunEvidence, attribute
+
+        verdict = attribute(RunEvidence(completed=True, alerts=self.machine.pages, pauses=tuple(self.pauses)))
+        return verdict.reason if verdict.failure_class is not None else ""
+
     def finish(
         self, completed: bool = True, exception: BaseException | None = None, reward_errors: Any = None,
-        tenant_code: tuple[str, ...] = (), keep_paused: bool = False,
+        tenant_code: tuple[str, ...] = (), keep_paused: bool = False, kept: Any = True,
     ) -> RunStatus:
         """Attribute the run (eval.attribution) and move it to its terminal state. `keep_paused` (the live paths,
         where a paused run can be resumed): a run the gate paused, with no fault, stays PAUSED_BY_GATE instead of
-        ending SUCCEEDED; its attribution says so."""
+        ending SUCCEEDED; its attribution says so. `kept`: the step of the best checkpoint kept (None: none was
+        saved, and the reason says so rather than name one; True: the caller did not say, a checkpoint is assumed)."""
         from eval.attribution import Attribution, RunEvidence, attribute
 
         evidence = RunEvidence(completed=completed, exception=exception, reward_errors=reward_errors,
@@ -166,15 +180,21 @@ class RunSupervisor:
         self.attribution = attribute(evidence)
         if self.attribution.failure_class is None and self.machine.state is RunState.PAUSED_BY_GATE:
             status = self.machine.status
+            if kept is None:
+                saved = "no checkpoint was saved before it (checkpoint_every), so none is kept"
+                then = "; a resumed run starts over" if keep_paused else ""
+            else:
+                saved = "the best checkpoint" + ("" if kept is True else f" (step {kept})") + " is kept"
+                then = "; resume the run to continue from it" if keep_paused else ""
             if keep_paused:
                 self.attribution = Attribution(
-                    None, f"paused at step {status.step} by the eval gate ({status.reason}); the best checkpoint "
-                    "is kept; resume the run to continue from it", self.attribution.examples)
+                    None, f"paused at step {status.step} by the eval gate ({status.reason}); {saved}{then}",
+                    self.attribution.examples)
                 self._publish()
                 return status
             self.attribution = Attribution(
-                None, f"stopped early at step {status.step} by the eval gate "
-                f"({status.reason}); the best checkpoint is kept", self.attribution.examples,
+                None, f"stopped early at step {status.step} by the eval gate ({status.reason}); {saved}",
+                self.attribution.examples,
             )
         status = self.machine.finish(self.attribution, step=self.steps)
         self._publish()

@@ -315,6 +315,8 @@ def nightly_sweep(
     job_steps: int | None = None,
     job_overrides: dict[str, Any] | None = None,
     job_config: str | None = None,
+    job_tenant: str | None = None,
+    job_name: str | None = None,
     canaries: list[CanaryName] | None = None,
     canary_steps: int | None = None,
     platform: bool = True,
@@ -351,6 +353,8 @@ def nightly_sweep(
         job_config: the job's config file instead of the small synthetic job (e.g. configs/ppo-arith.yaml,
             configs/grpo-arith.yaml for a critic-free GRPO job, or a tenant's dataset job; its own steps and
             algorithm unless job_steps / job_overrides say otherwise).
+        job_tenant: the tenant the job runs, is logged and registered under (empty: acme).
+        job_name: the job's name (empty: nightly-<algorithm>).
         canaries: the fault-injection canaries to run (empty: all nine, the two GRPO ones included; [] for none).
         canary_steps: PPO steps per canary (empty: 60 quick, 120 full).
         platform: run a live multi-tenant platform round.
@@ -378,8 +382,8 @@ def nightly_sweep(
     internals = parse_internals(internals)
     plan: NightlyPlan = check_nightly(
         quick=quick, experiments=experiments, seeds=seeds, canaries=canaries, canary_steps=canary_steps, job=job,
-        job_steps=job_steps, job_overrides=job_overrides, job_config=job_config, platform_steps=platform_steps,
-        sweep=sweep,
+        job_steps=job_steps, job_overrides=job_overrides, job_config=job_config, job_tenant=job_tenant,
+        job_name=job_name, platform_steps=platform_steps, sweep=sweep,
         sweep_spec=sweep_spec, sweep_trials=sweep_trials, runner=runner, workers=workers, out_dir=out_dir,
         cache_dir=cache_dir, mlflow_experiment=mlflow_experiment, bench=not quick if bench is None else bench,
         bench_config=bench_config, bench_baseline=bench_baseline, bench_steps=bench_steps, bench_seeds=bench_seeds)

@@ -63,7 +63,8 @@ class NightlyPlan:
 def check_nightly(*, quick: bool = False, experiments: list[str] | None = None, seeds: list[int] | None = None,
                   canaries: list[str] | None = None, canary_steps: int | None = None, job: bool = True,
                   job_steps: int | None = None, job_overrides: dict[str, Any] | None = None,
-                  job_config: str | None = None, platform_steps: int | None = None, sweep: bool = True,
+                  job_config: str | None = None, job_tenant: str | None = None, job_name: str | None = None,
+                  platform_steps: int | None = None, sweep: bool = True,
                   sweep_spec: str = NIGHTLY_SWEEP_SPEC,
                   sweep_trials: int | None = None, runner: str = "thread", workers: int | None = None,
                   out_dir: str | Path = "results/nightly", cache_dir: str = "runs/.cache",
@@ -108,7 +109,8 @@ def check_nightly(*, quick: bool = False, experiments: list[str] | None = None, 
     job_request, job_algorithm = None, ""
     if job:
         job_request = nightly_job_request(steps, job_overrides, cache_dir, Path(out_dir), mlflow_experiment,
-                                          config=job_config, steps_given=job_steps is not None)
+                                          config=job_config, steps_given=job_steps is not None,
+                                          tenant=job_tenant, name=job_name)
         job_algorithm = job_request.checked().config.algorithm
     trials = sweep_trials or (QUICK_SWEEP_TRIALS if quick else None)
     if sweep:
@@ -159,11 +161,12 @@ def nightly_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
 
 
 def nightly_job_request(steps: int, overrides: dict[str, Any] | None, cache_dir: str, out: Path,
-                        mlflow_experiment: str | None = None, config: str | None = None, steps_given: bool = False):
+                        mlflow_experiment: str | None = None, config: str | None = None, steps_given: bool = False,
+                        tenant: str | None = None, name: str | None = None):
     """The nightly's RLHF job as a `training.job.request.JobRequest`: `nightly_job_config` (or `config`, a job config
-    file such as a tenant's dataset job or configs/grpo-arith.yaml, its own steps unless `steps_given`), tenant acme,
-    named by its algorithm (`nightly-ppo`, `nightly-grpo`, `nightly-rloo`: the config's, or the overrides'), run
-    directory OUT/rlhf-job."""
+    file such as a tenant's dataset job or configs/grpo-arith.yaml, its own steps unless `steps_given`), under
+    `tenant` (default acme) and `name` (default by its algorithm: `nightly-ppo`, `nightly-grpo`, `nightly-rloo`, the
+    config's or the overrides'), run directory OUT/rlhf-job."""
     from training.job.config import resolve_config
     from training.job.request import parse_request
 
@@ -178,8 +181,8 @@ def nightly_job_request(steps: int, overrides: dict[str, Any] | None, cache_dir:
     else:
         job_config = nightly_job_config(steps, cache_dir)
     algorithm = resolve_config(job_config, overrides or {}).algorithm  # BadInput naming the field, as checked() would
-    fields = {"config": job_config, "overrides": overrides or {}, "tenant": "acme",
-              "name": f"nightly-{algorithm}", "overlap": "full", "out_root": str(out), "run_dir": "rlhf-job"}
+    fields = {"config": job_config, "overrides": overrides or {}, "tenant": tenant or "acme",
+              "name": name or f"nightly-{algorithm}", "overlap": "full", "out_root": str(out), "run_dir": "rlhf-job"}
     if mlflow_experiment is not None:
         fields["mlflow_experiment"] = mlflow_experiment
     return parse_request(fields, "job")

@@ -22,6 +22,7 @@ from prefect import flow
 from common.config import flatten
 from flows import progress
 from infra import tracking as T
+from infra.job_run import outcome_tags
 from infra.provision import check_slot_settings, gpu_slots
 from tasks.retry import backoff
 from tasks.timing import clock
@@ -162,10 +163,7 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
         # who ended the job and what it decided (docs/ARCHITECTURE.md "Who decided"): an alert that failed the run
         # reads `alert` / `failed: <alert> at step N`, not the loop's `paused`
         decider, decision = decided_by(outcome), ended_by(outcome)
-        tags = {"run_state": status.label, "final_state": status.state.value, "failure_class": failure,
-                "reason": reason[:500], "decision": decision, "decided_by": decider,
-                "alerts": json.dumps([e.alert for e in sup.events]),
-                "slots_backend": slots.backend, "state_history": json.dumps(sup.machine.labels())[:5000]}
+        tags = {**outcome_tags(outcome), "slots_backend": slots.backend}  # the same tags as `rlhfops train`'s run
         if paused is not None:
             tags.update(paused.tags())
         (out / "scores.json").write_text(json.dumps(scores, indent=2))

@@ -98,8 +98,7 @@ def run_trial(request, observer: Observer | None = None, *, checked: Any = None,
     gpus = request.gpus
     try:
         checked = replace(checked if checked is not None else request.checked(), catalog=Catalog({}))
-        spec, supervisor = build(request, checked, run_id=run_id, ledger=ledger, pausable=False,
-                                 run_through_pause=True)
+        spec, supervisor = build(request, checked, run_id=run_id, ledger=ledger, pausable=False)
         outcome = run_job(spec, observer, hooks=_TrialHooks(), supervisor=supervisor, observer_role="pruner")
     except Exception as err:  # noqa: BLE001 - a worker that cannot start ends the trial FAILED, recorded, not lost
         return TrialOutcome(state="failed", steps=0, gpu_seconds=0.0, wall_s=time.perf_counter() - t0,
@@ -108,7 +107,8 @@ def run_trial(request, observer: Observer | None = None, *, checked: Any = None,
     gpu_s = sum(v for r in records for k, v in r.items() if k.startswith("phase_") and k.endswith("_s")) * gpus
     state, error, pruned_at = "completed", None, None
     if outcome.decision == "failed":
-        state, error = "failed", f"{type(outcome.error).__name__}: {outcome.error}"
+        state, error = "failed", (f"{type(outcome.error).__name__}: {outcome.error}" if outcome.error is not None
+                                  else outcome.status.reason)
     elif outcome.decision == "stopped":
         state, pruned_at = "pruned", int(records[-1]["step"]) if records else None
     if state != "failed" and scores and not any(math.isfinite(s["eval_score"]) for s in scores):

@@ -301,7 +301,7 @@ def base_policy(cfg: TrainConfig, tok: Tokenizer, device: torch.device | str | N
     whatever the job's dtype (a float32 and a bfloat16 job start from the same base policy). A dataset task's tiny
     model is fitted to its reference completions (`task.sft_key`; `inputs`: its training/inputs/job_inputs.py
     `JobInputs`),
-    keyed by the train file's digest; without references it starts from random weights."""
+    keyed by the train rows' content (`DataFile.content_digest`); without references it starts from random weights."""
     torch.manual_seed(cfg.seed)
     model = build_causal_lm(cfg.policy, tok, _max_positions(cfg)).to(device or "cpu")
     if cfg.policy.model_name_or_path or cfg.task.sft_steps == 0:
@@ -309,8 +309,9 @@ def base_policy(cfg: TrainConfig, tok: Tokenizer, device: torch.device | str | N
     if cfg.task.kind == "dataset":
         if inputs is None or not inputs.has_references:
             return model.eval()
-        key = _hash(cfg.policy, cfg.task.model_dump(exclude={"train", "heldout"}), inputs.train.digest, cfg.seed,
-                    cfg.ppo.max_new_tokens, *_device_key(device))
+        # the rows' content, not the file: the same rows as JSON lines or Parquet, in any folder, share a warm start
+        key = _hash(cfg.policy, cfg.task.model_dump(exclude={"train", "heldout"}), inputs.train.content_digest(),
+                    cfg.seed, cfg.ppo.max_new_tokens, *_device_key(device))
         _cached(Path(cfg.cache_dir) / f"base-{key}.pt", model, lambda: sft_references(cfg, tok, model, inputs))
         return model.eval()
     key = _hash(cfg.policy, cfg.task.model_dump(include={"n_train_prompts", "n_heldout_prompts", "long_prompt_frac",

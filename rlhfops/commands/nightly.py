@@ -64,6 +64,8 @@ def register(app: typer.Typer) -> None:
         job_config: str = typer.Option(None, "--job-config", help="the RLHF job's config instead of the small "
                                        "synthetic job (e.g. configs/ppo-arith.yaml, configs/grpo-arith.yaml for "
                                        "GRPO, or a tenant's dataset job)"),
+        tenant: str = typer.Option(None, "--tenant", help="the RLHF job's tenant (default acme)"),
+        name: str = typer.Option(None, "--name", help="the RLHF job's name (default nightly-<algorithm>)"),
         canaries: str = typer.Option(None, "--canaries", help="comma-separated canaries to run, or 'none' "
                                      "(default: all: control, frozen_sync, constant_reward, oversized_lr, "
                                      "gameable_reward, behaviour_mismatch, duplicated_carry, grpo_control, "
@@ -99,6 +101,7 @@ def register(app: typer.Typer) -> None:
         params = dict(quick=quick, experiments=split_list(experiments) if "matrix" in stages else [],
                       seeds=parse_seeds(seeds), detectors="detectors" in stages and not no_detectors,
                       job="job" in stages and not no_job, job_steps=job_steps, job_config=job_config,
+                      job_tenant=tenant, job_name=name,
                       canaries=split_list(canaries) if "canaries" in stages else [],
                       platform="platform" in stages and not no_platform, sweep="sweep" in stages and not no_sweep,
                       sweep_spec=sweep_spec, runner=runner, workers=workers, out_dir=str(out), cache_dir=cache_dir,

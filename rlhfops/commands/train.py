@@ -15,6 +15,40 @@ OVERLAP_HELP = ("none: sequential PPO; intra: stream C-token chunks to the rewar
                 "full: both (OPPO)")
 
 
+def failure_lines(record: dict, path: Path) -> list[str]:
+    """What a FAILED run prints: its class and reason, up to three of the samples the tenant's code failed on, and
+    where the rest is, naming only what `path` (its job.json) holds and a checkpoint only when one was saved."""
+    lines = [f"[red]failed ({record.get('failure_class')}):[/red] {record.get('reason')}"]
+    for example in record.get("examples", [])[:3]:
+        if isinstance(example, dict):
+            lines.append(f"  prompt {str(example.get('prompt'))[:80]!r} -> {str(example.get('error'))[:120]}")
+        else:
+            lines.append(f"  {str(example)[:200]}")
+    held = [what for key, what in (("examples", "examples"), ("traceback", "the traceback"),
+                                   ("alerts", "the health history")) if record.get(key)]
+    lines.append(f"{', '.join(held) + ' and the' if held else 'the'} run's record: {path}")
+    if record.get("last_checkpoint"):
+        lines.append(f"last checkpoint: {record['last_checkpoint']}")
+    return lines
+
+
+def tracked_run(request, spec):
+    """The job's MLflow run (`infra.job_run.JobRun`, the helpers the rlhf-job flow's run is written with) when
+    MLFLOW_TRACKING_URI is set, else None: a plain `rlhfops train` writes no store of its own."""
+    import os
+
+    if not os.environ.get("MLFLOW_TRACKING_URI", "").strip():
+        return None
+    from infra.job_run import JobRun
+
+    run = JobRun.open(request.tenant, request.name, spec.config,
+                      {"config": request.config_label, "overlap": request.overlap, "gpus": request.gpus,
+                       "detector": request.detector.label if request.detector is not None else "none"},
+                      experiment=request.mlflow_experiment)
+    run.uri = os.environ["MLFLOW_TRACKING_URI"]
+    return run
+
+
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train_cmd(
@@ -30,6 +64,8 @@ def register(app: typer.Typer) -> None:
         fresh: bool = typer.Option(False, "--fresh", help="ignore checkpoints in the run directory and start over"),
         trace: Path = typer.Option(None, "--trace", help="also write a Trace CSV here (docs/ARCHITECTURE.md)"),
         label: int = typer.Option(None, "--label", help="Trace CSV label for this run: 1 hacking, 0 healthy"),
+        tenant: str = typer.Option("local", "--tenant", help="the tenant the job runs and is logged under"),
+        name: str = typer.Option(None, "--name", help="the job's name (default: from the config file's name)"),
         detector: str = typer.Option(None, "--detector", help="eval-gate detector, e.g. paired (the platform "
                                      "round's gate, margin 0.1), 'paired(margin=0.05)' or evalstop: NAME or "
                                      "NAME(param=value, ...), a parameter left out getting the platform's setting; "
@@ -37,7 +73,8 @@ def register(app: typer.Typer) -> None:
                                      "(PAUSED_BY_GATE, best checkpoint kept, the evidence in OUT/job.json; `rlhfops "
                                      "resume OUT` continues it). Default: no gate, every step is trained"),
     ) -> None:
-        """Train a policy with PPO (+ OPPO overlap); writes OUT/metrics.csv, OUT/checkpoints/, OUT/summary.json."""
+        """Train a policy with PPO (+ OPPO overlap); writes OUT/metrics.csv, OUT/checkpoints/, OUT/summary.json; with
+        MLFLOW_TRACKING_URI set, also an MLflow run `<tenant>/<name>` (params, step metrics, lineage, how it ended)."""
         from common.validate import check_out_dir, check_out_file
         from training.job.request import build, job_name, parse_detector, parse_request
 
@@ -49,8 +86,8 @@ def register(app: typer.Typer) -> None:
         check_out_file(trace, "trace")
         # the job, as every entry point asks for one: one run directory (OUT itself); with --detector its supervisor
         # gates it as the platform does (the same builder, planned steps and rule), without one every step is run
-        request = parse_request({"config": str(config), "overlap": overlap, "steps": steps, "tenant": "local",
-                                 "name": job_name(config.stem), "detector": gate, "out_root": str(out),
+        request = parse_request({"config": str(config), "overlap": overlap, "steps": steps, "tenant": tenant,
+                                 "name": name or job_name(config.stem), "detector": gate, "out_root": str(out),
                                  "run_dir": ".", "resume": not fresh, "device": device, "dtype": dtype})
         checked = request.checked()
         # torch: only once the request is known good, so a config error is reported in under a second
@@ -71,9 +108,10 @@ def register(app: typer.Typer) -> None:
         (out / JOB_DONE).unlink(missing_ok=True)  # the record of an earlier run's end: this run writes its own
         console = make_console()
         gated = gate is not None
-        spec, supervisor = build(request, checked, run_id=f"{config.stem}-{overlap}", pausable=gated,
-                                 run_through_pause=not gated)
+        spec, supervisor = build(request, checked, run_id=f"{config.stem}-{overlap}", pausable=gated)
         total = spec.steps
+        # a tenant's job is scored by its own gate, not the synthetic task's gold scorer: its lines say so
+        score_word = "gate score" if spec.config.task.kind == "dataset" else "gold"
         seen = {"first": 0, "last": None, "best": (-math.inf, 0)}
         # a bar on a terminal; flushed done/total lines when the output is a pipe or a file (nohup, CI)
         progress = Progress(console)
@@ -95,7 +133,7 @@ def register(app: typer.Typer) -> None:
                 seen["last"] = rec
                 if not math.isnan(rec.gold_eval) and rec.gold_eval > seen["best"][0]:
                     seen["best"] = (rec.gold_eval, rec.step)
-                gold = "" if math.isnan(rec.gold_eval) else f" gold {rec.gold_eval:+.3f}"
+                gold = "" if math.isnan(rec.gold_eval) else f" {score_word} {rec.gold_eval:+.3f}"
                 progress.update(rec.step)
                 progress.status(f"reward {rec.reward_mean:+.3f}{gold} kl {rec.kl:.2f} Δ {rec.delta}")
                 return None
@@ -103,32 +141,35 @@ def register(app: typer.Typer) -> None:
             def score(self, spec, checkpoints):
                 return super().score(spec, checkpoints) if gated else []
 
-        with progress:
-            outcome = run_job(spec, hooks=TrainHooks(), supervisor=supervisor)
-        if outcome.error is not None:
-            from eval.attribution import TenantCodeError
-            from training.job.device import DeviceOutOfMemory
-
-            if isinstance(outcome.error, TenantCodeError):  # the tenant's: one line, examples in OUT/job.json
-                record = job_record(outcome)
-                (out / JOB_DONE).write_text(json.dumps({**record, "tenant": request.tenant, "name": request.name,
-                                                        "overlap": request.overlap}, default=str))
-                console.print(f"[red]failed ({record.get('failure_class')}):[/red] {outcome.status.reason}")
-                for example in record.get("examples", [])[:3]:
-                    console.print(f"  prompt {str(example['prompt'])[:80]!r} -> {example['error'][:120]}")
-                console.print(f"examples and the last checkpoint: {out} (job.json)")
-                raise typer.Exit(1)
-            if isinstance(outcome.error, DeviceOutOfMemory):  # the job's reason, one line; the run dir keeps its
-                console.print(f"[red]failed:[/red] {outcome.error}")  # checkpoints
-                raise typer.Exit(1)
-            raise outcome.error
+        tracked = tracked_run(request, spec)  # None unless MLFLOW_TRACKING_URI is set
+        hooks = TrainHooks()
+        if tracked is not None:
+            hooks.log_records = tracked.log_records
+        try:
+            with progress:
+                outcome = run_job(spec, hooks=hooks, supervisor=supervisor)
+        except BaseException as err:
+            if tracked is not None:
+                tracked.fail(err)
+            raise
+        if tracked is not None:
+            tracked.close(outcome, {"steps": len(outcome.records), "train_wall_s": outcome.train_wall_s,
+                                    "alerts_paged": len(supervisor.machine.pages)})
+            console.print(f"MLflow run {tracked.run_id} ({request.tenant}/{request.name}) in {tracked.uri}")
+        if outcome.status.state.value == "FAILED":  # whatever ended it: an error, the tenant's code, an alert
+            record = {**job_record(outcome), "tenant": request.tenant, "name": request.name,
+                      "detector": gate.label if gated else None, "overlap": request.overlap}
+            (out / JOB_DONE).write_text(json.dumps(record, default=str))
+            for line in failure_lines(record, out / JOB_DONE):
+                console.print(line)
+            raise typer.Exit(1)
         last, first, best_gold = seen["last"], seen["first"], seen["best"]
         if last is None:
             console.print(f"nothing to do: {out} already holds step {first} of {total}")
             return
         paged = sorted({e.alert for e in supervisor.events if e.severity == "paging"})
         # no gate ran (fewer steps than eval_every): say so rather than print the -inf the search starts from
-        gold = (f"best gold {best_gold[0]:+.3f} @ step {best_gold[1]}" if best_gold[1] > 0 else
+        gold = (f"best {score_word} {best_gold[0]:+.3f} @ step {best_gold[1]}" if best_gold[1] > 0 else
                 f"no gate yet (every {spec.config.eval_every} steps)")
         console.print(
             f"[bold]{spec.config.algorithm} {spec.overlap}[/bold] steps {first + 1}-{last.step} in {last.wall_s:.1f}s "

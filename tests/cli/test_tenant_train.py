@@ -27,6 +27,9 @@ def test_a_tenant_reward_function_trains_on_its_own_rows(tmp_path, capsys, monke
     assert sum(float(r["reward_fn_cpu_s"]) for r in rows) > 0  # charged: the function's own processes' CPU
     assert all(float(r["phase_reward_fn_s"]) > 0 for r in rows)
     assert {float(r["gold_eval"]) for r in rows if r["gold_eval"] not in ("", "nan")} <= {0.0, 0.25, 0.5, 0.75, 1.0}
+    # the job is scored by the tenant's gate, and its lines say so: no word of the synthetic task's gold scorer
+    text = " ".join(out.split())
+    assert "best gate score" in text and "gold" not in text.lower()
 
 
 @pytest.mark.timeout(600)

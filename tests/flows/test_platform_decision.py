@@ -1,7 +1,6 @@
 """What a platform round's jobs.csv says ended each job (`training.job.lifecycle.ended_by`, the `decision` column that
 `flows/platform_round.py: platform_job` writes): a job a paging alert failed states the alert and the step it paged
-at, not the training loop's "paused" (the alert's pause action stops the loop at the next checkpoint, and the run then
-ends FAILED).
+at (the lifecycle stops a run at the step a paging alert makes it one that can only end FAILED).
 
 The oracle is written by hand from the records the fake trainer yields and the alert catalog's PPO KL ceiling
 (configs/alerts.yaml: 6.0 per sequence, persist 2): KL 10 at steps 4 and 5, so `kl_blowup` pages at step 5."""
@@ -54,10 +53,12 @@ def test_a_job_a_paging_alert_failed_states_the_alert_and_its_step_not_paused():
     out = _run(KL_SPIKE)
     assert [e.alert for e in out.supervisor.machine.pages] == ["kl_blowup"]  # the only alert that paged
     assert out.status.state.value == "FAILED"
-    assert out.decision == "paused"  # the training loop's own word: what jobs.csv used to say
+    assert out.decision == "failed"  # the loop's own word: the run could only end FAILED from step 5 on
     assert ended_by(out) == "failed: kl_blowup at step 5"  # second step above the ceiling (persist 2)
-    assert decided_by(out) == "alert"
-    assert len(out.records) == 6  # it ran on to its next checkpoint (step 6), where the pause took it
+    assert decided_by(out) == "alert" and out.stopped_by == "alert"
+    # it stopped at the step that paged: a run that can only fail spends no more steps (it used to run on to its next
+    # checkpoint, step 6, where the alert's pause took it; without a gate, `rlhfops train` ran on to the last step)
+    assert len(out.records) == 5 and out.stop_reason == out.status.reason
 
 
 def test_a_gate_stop_and_a_healthy_run_keep_their_words():
@@ -114,7 +115,14 @@ def test_decided_by_names_the_pruner_a_hooks_stopper_the_supervisors_gate_and_a_
 
     died = run(Dies)
     assert died.status.state.value == "FAILED" and decided_by(died) == "error"
-    assert job_record(died) | {"run_id": ""} == {"run_id": "", "state": died.status.label, "decided_by": "error",
-                                                "decision": "failed: platform_fault at step 2",
-                                                "failure_class": "platform_fault", "reason": died.status.reason}
+    record = job_record(died)
+    traceback = record.pop("traceback")
+    assert record | {"run_id": ""} == {"run_id": "", "state": died.status.label, "decided_by": "error",
+                                       "decision": "failed: platform_fault at step 2",
+                                       "failure_class": "platform_fault", "reason": died.status.reason,
+                                       "history": ["QUEUED", "PROVISIONING", "RUNNING", "FAILED(platform_fault)"],
+                                       "last_checkpoint": None}  # no run directory: no checkpoint to name
     assert "worker died" in died.status.reason
+    # the error that ended it, with where it was raised: the run's record holds what a reader needs to find it
+    assert traceback.startswith("Traceback (most recent call last):")
+    assert traceback.rstrip().endswith("RuntimeError: worker died") and "in run" in traceback

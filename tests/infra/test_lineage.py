@@ -39,8 +39,11 @@ def test_dataset_inputs_and_code_hashes_read_back_from_mlflow(mlflow_store, tmp_
         assert {t.key: t.value for t in d.tags}["mlflow.data.context"] == context
     tags = run.data.tags
     assert tags["task.kind"] == "dataset" and tags["reward.ref"] == "gsm8k:flexible_extract"
-    gsm8k = REPO / "training" / "rewards" / "gsm8k.py"
-    assert tags["reward.code_hash"] == tags["gate.code_hash"] == _sha(gsm8k)[:16]
+    from training.inputs.code_identity import file_function_identity
+
+    gsm8k = REPO / "training" / "inputs" / "rewards" / "gsm8k.py"  # each function's own code, not the whole file
+    assert tags["reward.code_hash"] == file_function_identity(gsm8k, "flexible_extract")
+    assert tags["gate.code_hash"] == file_function_identity(gsm8k, "strict_match") != tags["reward.code_hash"]
     assert tags["heldout.digest"] == _sha(held)
     T.finish(run_id)
 

@@ -164,9 +164,15 @@ def test_registry_names_and_fallback():
     assert fn(["q"], ["#### 3"], answer=["#### 3"], question=["q"]) == [1.0]
 
 
-def test_code_hash_is_the_module_source():
-    expected = hashlib.sha256(Path(gsm8k.__file__).read_bytes()).hexdigest()[:16]
-    assert rewards.code_hash("gsm8k:strict_match") == expected == rewards.code_hash("gsm8k:flexible_extract")
-    assert len(expected) == 16
+def test_code_hash_is_each_functions_own_code_in_the_module():
+    """Each built-in is identified by its own code and what it uses in its module (training/inputs/code_identity.py),
+    so the reward and the gate of one module differ, and neither is the whole file's hash."""
+    from training.inputs.code_identity import function_identity
+
+    source = Path(gsm8k.__file__).read_bytes()
+    strict, flexible = function_identity(source, "strict_match"), function_identity(source, "flexible_extract")
+    assert rewards.code_hash("gsm8k:strict_match") == strict and rewards.code_hash("gsm8k:flexible_extract") == flexible
+    assert strict != flexible and hashlib.sha256(source).hexdigest()[:16] not in (strict, flexible)
+    assert len(strict) == 16
     with pytest.raises(KeyError):
         rewards.code_hash("nope:nothing")

@@ -95,6 +95,23 @@ class DataFile:
         """Every column of the file, the prompt's included."""
         return self.table.column_names
 
+    def content_digest(self) -> str:
+        """sha256 hex of the rows kept, as values: the prompt and the reference completion (`sft_key`) of each row
+        in order, each as JSON. The same rows give the same digest whatever the file's format, folder or name (`digest`,
+        the file's bytes, differs between a JSON-lines and a Parquet copy): the warm-start cache's key."""
+        cached = self.__dict__.get("_content_digest")
+        if cached is not None:
+            return cached
+        digest = hashlib.sha256()
+        names = [self.prompt_key] + ([self.sft_key] if self.sft_key else [])
+        digest.update(json.dumps(names).encode())
+        for batch in self.table.select(names).to_batches(max_chunksize=4096):
+            for row in zip(*(batch.column(n).to_pylist() for n in names), strict=True):
+                digest.update(json.dumps(row, sort_keys=True, ensure_ascii=False).encode())
+                digest.update(b"\n")
+        self.__dict__["_content_digest"] = out = digest.hexdigest()
+        return out
+
 
 # --- reading ------------------------------------------------------------------------------------------------------
 

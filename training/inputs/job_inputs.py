@@ -397,8 +397,8 @@ def algorithm_params(cfg: TrainConfig) -> dict[str, Any]:
 def job_lineage(cfg: TrainConfig) -> dict[str, Any]:
     """What an analyst filters runs by and what re-scoring a checkpoint needs: the data files (name, digest = the
     file's own sha256, source, rows, context `training` / `eval`) and tags: the training algorithm (`ALGORITHM_TAG`),
-    the task kind, the reward's and the gate's kind and code hash (a FILE.py's bytes, a module's source, a built-in's
-    module), the held-out digest."""
+    the task kind, the reward's and the gate's kind and code hash (the function's own code and the definitions it uses
+    in its file: `training.inputs.code_identity`), the held-out digest."""
     from training.inputs import rewards
 
     tags: dict[str, str] = {ALGORITHM_TAG: cfg.algorithm, "task.kind": cfg.task.kind, "reward.kind": cfg.reward.kind,
@@ -410,9 +410,11 @@ def job_lineage(cfg: TrainConfig) -> dict[str, Any]:
             if rewards.builtin(scorer.ref) is not None:
                 code_hash = rewards.code_hash(scorer.ref)
             else:
+                from training.inputs.code_identity import ref_identity
                 from training.inputs.tenant_code import parse_ref
 
-                code_hash = parse_ref(scorer.ref, base, f"{role}.ref").code_hash
+                # the function's own code and what it calls in its file, not its neighbours (code_identity.py)
+                code_hash = ref_identity(parse_ref(scorer.ref, base, f"{role}.ref"), base)
             tags[f"{role}.ref"], tags[f"{role}.code_hash"] = scorer.ref, code_hash
         elif scorer.kind == "model":
             tags[f"{role}.path"] = scorer.path

@@ -53,10 +53,11 @@ class FunctionScorer:
             self.text, self.code_hash = settings.ref, rewards.code_hash(settings.ref)
             self.ref = None
         else:
+            from training.inputs.code_identity import ref_identity
             from training.inputs.tenant_code import parse_ref
 
             self.ref = parse_ref(settings.ref, Path(config_dir) if config_dir else Path.cwd(), field)
-            self.text, self.code_hash = self.ref.text, self.ref.code_hash
+            self.text, self.code_hash = self.ref.text, ref_identity(self.ref, config_dir)  # the function's own code
 
     def check(self) -> None:
         """Load the function in a worker (not here) before any training: an import error is the tenant's."""

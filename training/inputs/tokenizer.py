@@ -150,7 +150,11 @@ def make_tokenizer(path: str | None = None, task: TaskConfig | None = None,
             tok.pad_token = tok.eos_token
         return Tokenizer(tok)
     if task is not None and task.tokenizer == "bpe":
-        return Tokenizer(bpe_tokenizer(task, cache_dir or "runs/.cache"))
+        if cache_dir is None:
+            from training.job.config import default_cache_dir
+
+            cache_dir = default_cache_dir()
+        return Tokenizer(bpe_tokenizer(task, cache_dir))
     return Tokenizer(ByT5Tokenizer(extra_ids=0))
 
 

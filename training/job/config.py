@@ -322,6 +322,24 @@ def with_algorithm_defaults(ppo: PPOConfig, algorithm: str) -> PPOConfig:
     return out
 
 
+#: the ppo fields a dataset task (a tenant's own data) gets when its config leaves them out. actor_lr: the global
+#: 1e-3 (the synthetic task's, which its committed figures rest on) blew up the KL of a first tenant config on the
+#: worked example's data within 2 steps (KL 28 per sequence, `kl_blowup`, FAILED); 1e-4 kept it under 2 over 60 steps
+#: (docs/tenant-jobs.md, "A first config's defaults", for the command and the numbers)
+DATASET_PPO_DEFAULTS: dict[str, Any] = {"actor_lr": 1e-4}
+
+
+def with_task_defaults(ppo: PPOConfig, task_kind: str) -> PPOConfig:
+    """`ppo` with a dataset task's defaults (`DATASET_PPO_DEFAULTS`) in the fields the config left out; they stay
+    unset, as `with_algorithm_defaults` leaves its own. A synthetic task's config is returned as it is."""
+    unset = {k: v for k, v in DATASET_PPO_DEFAULTS.items() if k not in ppo.model_fields_set}
+    if task_kind != "dataset" or not unset:
+        return ppo
+    out = ppo.model_copy(update=unset)
+    object.__setattr__(out, "__pydantic_fields_set__", set(ppo.model_fields_set))
+    return out
+
+
 class OPPOConfig(Strict):
     """Overlap knobs. `--overlap` on the CLI picks which halves are on; these tune them."""
 
@@ -373,6 +391,19 @@ class FaultConfig(Strict):
     trigger: str = Field("z", min_length=1, max_length=1, description="gameable_reward: the trigger character")
 
 
+def default_cache_dir() -> str:
+    """Where warm starts are cached when a config names no `cache_dir`: `RLHFOPS_CACHE_DIR`, else
+    `$XDG_CACHE_HOME/rlhfops/warm-starts` (default `~/.cache/rlhfops/warm-starts`); an absolute path, so jobs started
+    from any folder share it."""
+    import os
+
+    env = os.environ.get("RLHFOPS_CACHE_DIR", "").strip()
+    if env:
+        return str(Path(env).expanduser().resolve())
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
+    return str((Path(base).expanduser() / "rlhfops" / "warm-starts").resolve())
+
+
 class TrainConfig(Strict):
     name: str = "ppo"
     #: ppo (a learned critic, GAE), grpo (group-relative advantages) or rloo (leave-one-out baseline): the last two
@@ -415,8 +446,9 @@ class TrainConfig(Strict):
     eval_extra_batch: int = Field(32, ge=1, le=1_000_000, description="held-out prompts per gate extension")
     eval_extra_budget: int = Field(0, ge=0, le=100_000_000,
                                    description="extra prompt evaluations a run's gate may spend on close decisions")
-    #: where base-policy and proxy-RM warm starts are cached (keyed by a hash of the config that made them)
-    cache_dir: str = "runs/.cache"
+    #: where base-policy and proxy-RM warm starts are cached (keyed by a hash of the config that made them and, for a
+    #: data set, of its rows); default `default_cache_dir()`, the same folder whatever the working directory
+    cache_dir: str = Field(default_factory=lambda: default_cache_dir())
 
 
     @field_validator("device")
@@ -428,7 +460,7 @@ class TrainConfig(Strict):
     def _check(self) -> TrainConfig:
         # the algorithm's defaults fill the ppo fields left out (an after-validator: a before-validator's returned
         # mapping would be re-read in Python mode, where strict validation refuses a list for a tuple)
-        self.ppo = with_algorithm_defaults(self.ppo, self.algorithm)
+        self.ppo = with_task_defaults(with_algorithm_defaults(self.ppo, self.algorithm), self.task.kind)
         if self.ppo.batch_size % self.ppo.group_size:
             raise ValueError(f"ppo.batch_size ({self.ppo.batch_size}) must be a multiple of ppo.group_size "
                              f"({self.ppo.group_size}): a step trains whole groups of completions of one prompt")

@@ -84,7 +84,8 @@ class JobSpec:
     alert_profile: str | None = None
     pausable: bool = False
     resume: PausedRun | None = None
-    #: train on past a pause (the fault canaries: they run until their expected alert fires, the proof they want)
+    #: train on past a pause and past a paging alert that fails the run (the fault canaries: they run until their
+    #: expected alert fires, the proof they want); every other job stops once its run can only end FAILED
     run_through_pause: bool = False
 
     def __post_init__(self) -> None:
@@ -105,7 +106,8 @@ class JobSpec:
 @dataclass
 class TrainingResult:
     """How the training loop ended: `completed`, `paused` by the supervisor, `stopped` (an observer or the per-step
-    hook gave `stop_reason`), `failed` (`error`)."""
+    hook gave `stop_reason`), `failed` (`error`; or, with no error, a paging alert made the run one that can only end
+    FAILED: `stop_reason` is the supervisor's reason, `stopped_by` `alert`)."""
 
     decision: str
     error: BaseException | None = None
@@ -312,8 +314,10 @@ def supervise(trainer: Any, supervisor: Any, steps: int | None, hooks: JobHooks 
               run_through_pause: bool = False, observer_role: str = "gate") -> TrainingResult:
     """The training loop: every step goes to the supervisor, then `hooks.on_step`, then (at checkpoints)
     `observe`; a stop reason from either ends the job there (`stopped`, by `hooks.stop_by` or `observer_role`; on a
-    `pausable` job the run pauses at that checkpoint), a supervisor pause ends it `paused`, an error `failed`. Step
-    records go to `hooks.log_records`."""
+    `pausable` job the run pauses at that checkpoint), a supervisor pause ends it `paused`, an error `failed`. A step
+    after which the run can only end FAILED (a paging alert: `supervisor.failing()`) ends it `failed` at that step,
+    whatever the entry point, unless `run_through_pause` (the fault canaries). Step records go to
+    `hooks.log_records`."""
     from eval.states import RunState
 
     hooks = hooks or JobHooks()
@@ -336,6 +340,10 @@ def supervise(trainer: Any, supervisor: Any, steps: int | None, hooks: JobHooks 
         records.append(flat)
         pending.append(flat)
         reason, by = hooks.on_step(rec, supervisor), getattr(hooks, "stop_by", "user")
+        failing = "" if run_through_pause else run_failing(supervisor)
+        if failing:  # the run can only end FAILED: no step after this one is worth its slots
+            result.decision, result.stop_reason, result.stopped_by = "failed", failing, "alert"
+            break
         paused = supervisor.machine.state is RunState.PAUSED_BY_GATE
         if not reason and observe is not None and not paused and math.isfinite(float(rec.gold_eval)):
             reason, by = observe(int(rec.step), flat), observer_role
@@ -356,6 +364,12 @@ def supervise(trainer: Any, supervisor: Any, steps: int | None, hooks: JobHooks 
         hooks.log_records(pending)
     result.records, result.wall_s = records, time.time() - t0
     return result
+
+
+def run_failing(supervisor: Any) -> str:
+    """`supervisor.failing()` (the reason its run can only end FAILED, or ""); "" for a supervisor without it."""
+    failing = getattr(supervisor, "failing", None)
+    return failing() if callable(failing) else ""
 
 
 def run_job(spec: JobSpec, observe: Observer | None = None, *, hooks: JobHooks | None = None,
@@ -393,16 +407,25 @@ def run_job(spec: JobSpec, observe: Observer | None = None, *, hooks: JobHooks |
             sup.resume_after_pause(spec.resume.paused_step, spec.resume.reason, trainer.step)
         from eval.states import RunState
 
+        failing = "" if spec.run_through_pause else run_failing(sup)
         if sup.machine.state is RunState.PAUSED_BY_GATE:
             result = TrainingResult("paused", stop_reason=sup.machine.status.reason)
+        elif failing:  # a resumed run whose earlier steps paged: it can only end FAILED, so it trains no further
+            result = TrainingResult("failed", stop_reason=failing, stopped_by="alert")
         else:
             result = hooks.supervise(spec, lambda: supervise(trainer, sup, spec.steps, hooks, observe, spec.pausable,
                                                           spec.run_through_pause, observer_role))
         slot_end = time.time()
-    scores = hooks.score(spec, checkpoints(spec.out_dir)) if spec.out_dir else []
-    status = sup.finish(completed=result.decision != "failed", exception=result.error, keep_paused=spec.pausable)
+    saved = checkpoints(spec.out_dir)
+    scores = hooks.score(spec, saved) if spec.out_dir else []
+    best = best_of(scores)
+    # a pause names the checkpoint it keeps only when one was saved (the best scored one's step; none saved: it says
+    # so); a job without a run directory leaves the supervisor's own words
+    kept = best["step"] if best else (None if spec.out_dir is not None and not saved else True)
+    status = sup.finish(completed=result.decision != "failed", exception=result.error, keep_paused=spec.pausable,
+                        kept=kept)
     return JobOutcome(spec, sup, status, result.decision, result.error, replayed + result.records, scores,
-                      best_of(scores), result.wall_s, float(waited or 0.0), slot_start, slot_end, result.stop_reason,
+                      best, result.wall_s, float(waited or 0.0), slot_start, slot_end, result.stop_reason,
                       len(replayed), result.stopped_by)
 
 
@@ -482,9 +505,37 @@ def job_record(outcome: JobOutcome) -> dict[str, Any]:
                    best_step=outcome.best["step"] if outcome.best else None)
     if status.state.value == "FAILED":
         out.update(failure_class=status.failure.value if status.failure else None, reason=status.reason)
-        examples = tenant_examples(outcome.error)
-        if examples:
-            out["examples"] = examples
+        out.update(attachments(outcome))
+    return out
+
+
+def attachments(outcome: JobOutcome) -> dict[str, Any]:
+    """What a FAILED run's reason says is attached, so that every pointer it makes holds in `job.json`: `examples`
+    (the samples the tenant's code failed on: prompt, completion, error, traceback tail; or the attribution's sample
+    lines), `traceback` (the error that ended the run, whoever raised it), `alerts` and `history` (the paging
+    alerts with their steps, and the run's states: "the health history is attached"), and `last_checkpoint` (the
+    newest saved checkpoint, only when one was saved)."""
+    import traceback as tb
+
+    out: dict[str, Any] = {}
+    attribution = getattr(outcome.supervisor, "attribution", None)
+    lines = [str(x) for x in (getattr(attribution, "examples", None) or ())]
+    failure = getattr(outcome.status.failure, "value", None)
+    examples = tenant_examples(outcome.error)
+    if examples:
+        out["examples"] = examples
+    elif lines and failure == "tenant_code_fault" and outcome.error is None:
+        out["examples"] = lines  # the reward guard's samples (`sample -> error`)
+    if outcome.error is not None:
+        out["traceback"] = "".join(tb.format_exception(outcome.error))[-8000:]
+    pages = list(getattr(outcome.supervisor.machine, "pages", []))
+    if pages:
+        out["alerts"] = lines or [f"{p.alert} at step {p.step}" for p in pages]
+    labels = getattr(outcome.supervisor.machine, "labels", None)
+    if callable(labels):
+        out["history"] = labels()
+    saved = checkpoints(outcome.spec.out_dir)
+    out["last_checkpoint"] = saved[-1] if saved else None
     return out
 
 

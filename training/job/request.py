@@ -426,8 +426,9 @@ def build(request: JobRequest, checked: CheckedJob | None = None, *, run_id: str
     ledger and metrics to charge) from a request and its `checked()` result (checked here when not given). A platform
     round's jobs carry its scheduler's rule in their requests, so the round and every other entry point decide with a
     detector built here. `pausable`: a stop pauses the run (PAUSED_BY_GATE, resumable; the live paths) rather than
-    ending it; `run_through_pause`: train on past a pause (`rlhfops train` without a detector runs every step it was
-    asked for). `resume`: the `PausedRun` to continue (default: the one a `resume_paused` request found)."""
+    ending it; `run_through_pause`: train on past a pause and past a page that fails the run (the fault canaries
+    only: every other job stops once it can only end FAILED). `resume`: the `PausedRun` to continue (default: the
+    one a `resume_paused` request found)."""
     from training.job.lifecycle import JobSpec, make_supervisor
 
     checked = checked if checked is not None else request.checked()
