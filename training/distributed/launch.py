@@ -41,18 +41,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rdv: Rendezvous, config: dict, overlap: str, out_dir: str | None, resume: bool, steps: int,
+def _rank_main(rdv: Rendezvous, trainer_cls, config, overlap: str, out_dir: str | None, resume: bool, steps: int,
                slot: int | None, errors) -> None:
-    """A spawned rank: the same Trainer as rank 0, joined to the group; its errors go to rank 0 before it exits 1."""
+    """A spawned rank: the same Trainer as rank 0 (`trainer_cls`, pickled by reference), joined to the group; its
+    errors go to rank 0 before it exits 1."""
     import os
 
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
-        from training.job.config import TrainConfig
-        from training.trainer import Trainer
-
-        trainer = Trainer(TrainConfig.model_validate(config), overlap, out_dir, resume=resume, slot=slot,
-                          gpus=rdv.size, world=rdv)
+        trainer = trainer_cls(config, overlap, out_dir, resume=resume, slot=slot, gpus=rdv.size, world=rdv)
         for _ in trainer.run(steps):
             pass
     except BaseException as err:  # noqa: BLE001 - reported to rank 0, then this process ends
@@ -90,12 +87,12 @@ class LocalRanks:
         self.port = free_port()
         ctx = mp.get_context("spawn")
         self.errors = ctx.Queue()
-        config = trainer.cfg.model_dump(mode="json")
         out_dir = str(trainer.out_dir) if trainer.out_dir else None
         self.procs = []
         for r in range(1, size):
             p = ctx.Process(target=_rank_main, name=f"rlhfops-rank-{r}",
-                            args=(Rendezvous(r, size, "127.0.0.1", self.port), config, trainer.overlap, out_dir,
+                            args=(Rendezvous(r, size, "127.0.0.1", self.port), type(trainer), trainer.cfg,
+                                  trainer.overlap, out_dir,
                                   trainer.resume, steps, trainer.slot, self.errors))
             p.start()
             self.procs.append(p)
