@@ -22,6 +22,7 @@ from transformers.utils import logging as hf_logging
 from training.metrics import StepRecord
 from training.models import frozen_copy
 from training.rollout.controllers import deferral_histogram
+from training.rollout.engine import KeyedDraws
 from training.rollout.streaming import Sequence
 
 
@@ -33,7 +34,8 @@ class CheckpointIO:
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         state = {
-            "step": self.step, "wall_s": self.wall_s, "next_uid": self.next_uid, "overlap": self.overlap,
+            "step": self.step, "wall_s": self.wall_s, "world_size": self.world.size, "next_uid": self.next_uid,
+            "overlap": self.overlap,
             "actor": self.actor.state_dict(), "actor_opt": self.actor_opt.state_dict(),
             "critic": self.critic.state_dict() if self.critic is not None else None,
             "critic_opt": self.critic_opt.state_dict() if self.critic_opt else None,
@@ -44,6 +46,7 @@ class CheckpointIO:
             "frozen_version": getattr(self, "frozen_version", None),
             "rng": {"prompt": self.prompt_rng.bit_generator.state, "sample": self.sample_gen.get_state(),
                     "sample_device": self.sample_gen.device.type,
+                    "sample_kind": "keyed" if isinstance(self.sample_gen, KeyedDraws) else "stream",
                     "shuffle": self.shuffle_gen.get_state(), "torch": torch.get_rng_state(),
                     "python": random.getstate(), "numpy": np.random.get_state()},
         }
@@ -82,9 +85,14 @@ class CheckpointIO:
             self.frozen_version = state["frozen_version"]
         rng = state["rng"]
         self.prompt_rng.bit_generator.state = rng["prompt"]
-        if rng.get("sample_device", "cpu") == self.sample_gen.device.type:
+        kind = "keyed" if isinstance(self.sample_gen, KeyedDraws) else "stream"
+        if kind == "keyed":  # stateless: nothing to restore
+            pass
+        elif rng.get("sample_kind", "stream") == "stream" and rng.get("sample_device", "cpu") == \
+                self.sample_gen.device.type:
             self.sample_gen.set_state(rng["sample"])
-        else:  # a CPU generator's state does not fit a CUDA one: reseeded by step (no longer an uninterrupted run's)
+        else:  # a CPU generator's state does not fit a CUDA one, nor keyed draws a stream: reseeded by step (no longer
+            # an uninterrupted run's)
             self.sample_gen.manual_seed(self.cfg.seed * 1000 + 1 + self.step)
         self.shuffle_gen.set_state(rng["shuffle"])
         torch.set_rng_state(rng["torch"])

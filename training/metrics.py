@@ -70,6 +70,10 @@ class StepRecord:
     group_flat_frac: float = NAN
     group_reward_std: float = NAN
     kl_loss: float = NAN
+    # a job on several ranks (training/distributed/): its ranks, and the most any rank waited inside the step's
+    # collectives (seconds; 0 on one rank). The step's figures are the global batch's; phase times the slowest rank's
+    world_size: int = 1
+    rank_idle_s: float = 0.0
 
     def flat(self) -> dict[str, float]:
         """One flat dict of numbers (phase times as `phase_<name>_s`) for CSV rows and metric loggers."""

@@ -49,6 +49,10 @@ import torch
 from common.errors import BadInput
 from training.algorithms.update import PPOUpdate
 from training.checkpoint import CheckpointIO, MetricsCSV, latest_checkpoint
+from training.distributed.launch import LocalRanks, Rendezvous
+from training.distributed.plan import check_world
+from training.distributed.ranks import RankSteps
+from training.distributed.world import LOCAL, World, rank_threads
 from training.evaluation import EvalGate, GoldEval, generate, gold_eval
 from training.gate import GATE_RECORDS, GateRecordsCSV, PromptRecord
 from training.inputs.job_inputs import job_inputs
@@ -61,7 +65,7 @@ from training.metrics import NAN, StepRecord
 from training.models import _max_positions, base_policy, build_scorer, frozen_copy, proxy_reward_model
 from training.rollout.continuous import ContinuousEngine, continuous_rollout
 from training.rollout.controllers import ChunkTuner, DeltaController
-from training.rollout.engine import IncrementalScorer, TransformersEngine
+from training.rollout.engine import IncrementalScorer, KeyedDraws, TransformersEngine
 from training.rollout.streaming import Sample, Sequence, rollout
 
 __all__ = ["OVERLAPS", "GoldEval", "MetricsCSV", "Trainer", "check_overlap", "generate", "gold_eval",
@@ -77,13 +81,22 @@ def check_overlap(overlap: str) -> str:
 
 
 
-class Trainer(PPOUpdate, CheckpointIO, EvalGate):
-    """One PPO run (see the module docstring). The update, the run's files and the eval gate are mixins:
-    training/algorithms/update.py, training/checkpoint.py, training/evaluation.py."""
+class Trainer(PPOUpdate, CheckpointIO, EvalGate, RankSteps):
+    """One PPO run (see the module docstring). The update, the run's files, the eval gate and a rank's share of a job
+    on several ranks are mixins: training/algorithms/update.py, training/checkpoint.py, training/evaluation.py,
+    training/distributed/ranks.py. `gpus`: the job's ranks (its GPU slots); `world`: this rank's place in them (a
+    `Rendezvous` to join, a joined `World`; None: rank 0, which spawns the others when `run` starts)."""
 
     def __init__(self, config: TrainConfig, overlap: str = "full", out_dir: str | Path | None = None,
-                 resume: bool = True, progress=None, slot: int | None = None):
+                 resume: bool = True, progress=None, slot: int | None = None, gpus: int = 1,
+                 world: World | Rendezvous | None = None):
         self.cfg = cfg = config
+        check_world(cfg, gpus)
+        self.gpus, self.resume, self.slot = gpus, resume, slot
+        self.world: World = world if isinstance(world, World) else LOCAL
+        self._rendezvous = world if isinstance(world, Rendezvous) else None
+        self._ranks: LocalRanks | None = None
+        rank = world.rank if world is not None else 0
         self.overlap = check_overlap(overlap)
         self.stream = overlap in ("intra", "full")
         self.overcommit = overlap in ("inter", "full")
@@ -93,9 +106,11 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
             raise BadInput("engine: 'vllm' needs policy.model_name_or_path (a checkpoint vLLM can load)")
         # the device first: a CUDA device that is not there, or too little GPU memory, is refused before any model
         # is built (training/job/device.py); `slot`: the GPU slot the job holds, picking the card under `device: auto`
-        self.device = resolve_device(cfg.device, slot)
+        self.device = resolve_device(cfg.device, (slot or 0) + rank if gpus > 1 else slot)
         check_gpu_memory(cfg, self.device)
-        torch.set_num_threads(cfg.oppo.torch_threads)
+        #: torch threads: the config's on one rank; OMP_NUM_THREADS or the cores divided among the ranks on several
+        self.threads = rank_threads(gpus, self.device.type, cfg.oppo.torch_threads)
+        torch.set_num_threads(self.threads)
         #: grpo and rloo train whole groups of `group_size` completions of one prompt (a group is the unit a step
         #: trains and inter-step overlap carries); ppo's unit is one completion, `group_size` of them per prompt
         self.grouped = cfg.algorithm != "ppo"
@@ -160,7 +175,10 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         self.prompt_rng = np.random.default_rng([cfg.seed, 404])
         # sampling draws from the logits where they are; the minibatch shuffle stays on the CPU (the same order on
         # every device)
-        self.sample_gen = torch.Generator(device=self.device).manual_seed(cfg.seed * 1000 + 1)
+        # (`sampling: keyed`, the default on several ranks: each draw keyed by seed, sample and position)
+        self.sample_gen = (KeyedDraws(cfg.seed * 1000 + 1, self.device)
+                           if cfg.sampling == "keyed" or (cfg.sampling == "auto" and gpus > 1) else
+                           torch.Generator(device=self.device).manual_seed(cfg.seed * 1000 + 1))
         self.shuffle_gen = torch.Generator().manual_seed(cfg.seed * 1000 + 2)
         self.buffer: list[Sequence] = []
         self.next_uid = 0
@@ -287,30 +305,58 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
     def run(self, steps: int | None = None) -> Iterator[StepRecord]:
         """Train until `steps` total steps (default: config.steps); yields one record per step."""
         total = steps if steps is not None else self.cfg.steps
-        writer = MetricsCSV(self.out_dir / "metrics.csv", self.step) if self.out_dir else None
-        self._gate_csv = GateRecordsCSV(self.out_dir / GATE_RECORDS, self.step) if self.out_dir else None
+        writes = self.out_dir is not None and self.world.is_main and (self._rendezvous is None
+                                                                      or self._rendezvous.rank == 0)
+        writer = MetricsCSV(self.out_dir / "metrics.csv", self.step) if writes else None
+        self._gate_csv = GateRecordsCSV(self.out_dir / GATE_RECORDS, self.step) if writes else None
+        finished = False
         try:
+            self._join_ranks(total)
             while self.step < total:
                 try:
                     record = self.train_step()
                 except torch.OutOfMemoryError as err:  # the job fails with this reason; its checkpoints stay
                     ckpt = latest_checkpoint(self.out_dir) if self.out_dir else None
                     raise out_of_memory(err, self.device, self.step + 1, ckpt) from err
+                except Exception as err:  # a collective failed: a rank died, hung or raised (named in one line)
+                    named = self._ranks.failure(err, self.step + 1) if self._ranks is not None else None
+                    if named is None:
+                        raise
+                    raise named from err
                 if writer:
                     writer.write(record)
-                if self.out_dir and (self.step % self.cfg.checkpoint_every == 0 or self.step == total):
+                if writes and (self.step % self.cfg.checkpoint_every == 0 or self.step == total):
                     self.save_checkpoint()
                 yield record
+            finished = True
         finally:
             self.close()
+            if self._ranks is not None:
+                self._ranks.close(finished)
+                self._ranks, self.world = None, LOCAL
             if writer:
                 writer.close()
-            if self.out_dir:
+            if writes:
                 self._write_summary()
+
+    def _join_ranks(self, total: int) -> None:
+        """A job on several ranks: join the group (rank 0 without a group spawns the others first) and start from
+        rank 0's weights."""
+        if self.gpus == 1:
+            return
+        if self._rendezvous is not None:
+            self.world = self._rendezvous.connect(self.device)
+        elif self.world.size == 1:
+            self._ranks = LocalRanks(self, total)
+            self.world = self._ranks.world
+        self._broadcast_weights()
 
     def train_step(self) -> StepRecord:
         cfg = self.cfg
         t_start = time.perf_counter()
+        ranks = self.world.size > 1
+        if ranks:
+            self._rank_fault()
         phases = {"rollout": 0.0, "score": 0.0, "sync": 0.0, "optim": 0.0, "eval": 0.0}
         phases["sync"] = self._sync()
         delta = self.delta_ctl.delta
@@ -320,10 +366,12 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         chunk = self.tuner.chunk_for_step(self.step) if self.stream else cfg.ppo.max_new_tokens
         # torch's thread count is per process: set it every step, so trainers sharing a process (the bench's
         # interleaved runs) each run with their own setting; decode and scorer thread get one core each
-        torch.set_num_threads(1 if self.stream else cfg.oppo.torch_threads)
+        torch.set_num_threads(1 if self.stream else self.threads)
         try:
             with self.autocast():
-                if continuous:
+                if ranks:  # this rank's share (training/distributed/ranks.py)
+                    out = self._rollout_ranks(chunk)
+                elif continuous:
                     out = continuous_rollout(
                         self.engine, self.scorers, self.buffer, self._new_unit,
                         slots=(self.units_per_step + delta) * (self.group_size if self.grouped else 1),
@@ -340,7 +388,15 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
                         device=self.device,
                     )
         finally:
-            torch.set_num_threads(cfg.oppo.torch_threads)
+            torch.set_num_threads(self.threads)
+        samples = out.samples
+        if self.reward_fn is not None and (samples or not ranks):  # on several ranks: each its own, in its own pool
+            samples, phases["reward_fn"], record_cpu = self._function_rewards(samples)
+        else:
+            record_cpu = 0.0
+        if ranks:  # the step's samples and deferred units, in uid order, on every rank
+            samples, out, self._no_score_frac, record_cpu = self._gather_step(
+                samples, out, (round((1 - self._no_score_frac) * len(out.samples)), len(out.samples)), record_cpu)
         phases["rollout"], phases["score"] = out.decode_s, out.score_s
         if self.stream and not continuous:
             self.tuner.report(chunk, out.decode_s + out.score_s, out.tokens_generated)
@@ -351,11 +407,6 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
                 s.response_ids = (s.response_ids * 2)[:keep]
                 s.versions = (s.versions * 2)[:keep]
                 s.behav_logprobs = (s.behav_logprobs * 2)[:keep]
-        samples = out.samples
-        if self.reward_fn is not None:
-            samples, phases["reward_fn"], record_cpu = self._function_rewards(samples)
-        else:
-            record_cpu = 0.0
         if self.grouped:  # keep group members adjacent for group advantages
             samples = sorted(samples, key=lambda s: (s.seq.group, s.seq.uid))
         for s in samples:
@@ -388,12 +439,15 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate):
         record.len_carried_mean = float(np.mean(carried)) if carried else NAN
         record.len_fresh_mean = float(np.mean(fresh)) if fresh else NAN
         record.reward_fn_cpu_s = record_cpu
-        if self.step % cfg.eval_every == 0:
+        if self.step % cfg.eval_every == 0 and self.world.is_main:  # rank 0 alone gates
             t = time.perf_counter()
             ev = self.gate()  # at the job's dtype (gold_eval's autocast)
             record.gold_eval, record.gold_eval_se = ev.mean, ev.se
             phases["eval"] = time.perf_counter() - t
         self.delta_ctl.update(record.reward_mean)
+        record.world_size = self.world.size
+        if ranks:
+            phases, record.rank_idle_s = self._phases_over_ranks(phases)
         record.phase_seconds = phases
         self.wall_s += time.perf_counter() - t_start
         record.wall_s = self.wall_s

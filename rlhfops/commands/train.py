@@ -61,6 +61,8 @@ def register(app: typer.Typer) -> None:
                                    "the config's `device`"),
         dtype: str = typer.Option(None, "--dtype", help="float32, or bfloat16 (float32 master weights, bfloat16 "
                                   "forward passes); replaces the config's `dtype`"),
+        gpus: int = typer.Option(1, "--gpus", help="ranks (GPU slots): data-parallel processes on torch.distributed "
+                                 "(NCCL on cuda, gloo on cpu); the step's batch is split over them (docs/ranks.md)"),
         fresh: bool = typer.Option(False, "--fresh", help="ignore checkpoints in the run directory and start over"),
         trace: Path = typer.Option(None, "--trace", help="also write a Trace CSV here (docs/ARCHITECTURE.md)"),
         label: int = typer.Option(None, "--label", help="Trace CSV label for this run: 1 hacking, 0 healthy"),
@@ -88,7 +90,8 @@ def register(app: typer.Typer) -> None:
         # gates it as the platform does (the same builder, planned steps and rule), without one every step is run
         request = parse_request({"config": str(config), "overlap": overlap, "steps": steps, "tenant": tenant,
                                  "name": name or job_name(config.stem), "detector": gate, "out_root": str(out),
-                                 "run_dir": ".", "resume": not fresh, "device": device, "dtype": dtype})
+                                 "run_dir": ".", "resume": not fresh, "device": device, "dtype": dtype,
+                                 "gpus": gpus, "cluster_gpus": max(gpus, 4)})
         checked = request.checked()
         # torch: only once the request is known good, so a config error is reported in under a second
 
@@ -123,7 +126,7 @@ def register(app: typer.Typer) -> None:
 
             def start_worker(self, spec):
                 trainer = Trainer(spec.config, spec.overlap, spec.out_dir, resume=not fresh,
-                                  progress=lambda m: console.print(f"[dim]{m}[/dim]"))
+                                  progress=lambda m: console.print(f"[dim]{m}[/dim]"), gpus=spec.gpus)
                 seen["first"] = trainer.step
                 progress.stage(f"{spec.config.algorithm.upper()} {spec.overlap}", total=total)
                 progress.update(trainer.step)  # a resumed run starts where its checkpoint is

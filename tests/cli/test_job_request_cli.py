@@ -61,6 +61,8 @@ CASES = [
      ["steps: -5 is out of range"]),
     ("train-overlap", None, ["train", str(REPO / "configs" / "ppo-tiny.yaml"), "--overlap", "sideways", "--out", "r"],
      ["overlap: 'sideways' is not one of"]),
+    ("train-gpus-batch", None, ["train", str(REPO / "configs" / "ppo-tiny.yaml"), "--gpus", "3", "--out", "r"],
+     ["ppo.batch_size: 16 samples", "do not divide over 3 ranks"]),
 ]
 
 

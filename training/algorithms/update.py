@@ -3,9 +3,10 @@ recomputed when the engine was not the actor, rewards and advantages, then the c
 corrected) epochs over the actor and critic.
 
 `PPOUpdate` is a mixin of `training.trainer.Trainer`: it reads the trainer's `cfg`, `actor`, `critic`, optimisers,
-`tok`, `engine`, `shuffle_gen`, `step`, `grouped`, `group_size`, `device` and its `_score`, `_fault_active` and
-`autocast`. The samples' per-token tensors are assembled on the CPU; the micro-batches and the tensors the loss reads
-go to the models' device; forwards run under the job's autocast, log-softmax and losses in float32.
+`tok`, `engine`, `shuffle_gen`, `step`, `grouped`, `group_size`, `device`, `world` (its ranks: `size`, `sum`,
+`reduce_grads`; no-ops on one rank) and its `_score`, `_fault_active`, `_owned` and `autocast`. The samples'
+per-token tensors are assembled on the CPU; the micro-batches and the tensors the loss reads go to the models'
+device; forwards run under the job's autocast, log-softmax and losses in float32.
 """
 
 from __future__ import annotations
@@ -117,7 +118,9 @@ class PPOUpdate:
                     self.critic_opt.zero_grad(set_to_none=True)
                 sums = {"loss_policy": 0.0, "loss_value": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "entropy": 0.0,
                         "kl_loss": 0.0}
-                for micro in _micro_batches(idx, samples):
+                # on several ranks this rank back-propagates its own samples of the minibatch; `w` divides by the
+                # minibatch's global token count (n_tok), so the gradients summed over ranks are the full batch's
+                for micro in _micro_batches(self._owned(idx, samples), samples):
                     ids, attn, p_w, t_w = self._pack(micro, samples)
                     tmask = train_mask_d[micro, :t_w]
                     w = float(train_mask[micro, :t_w].sum()) / n_tok
@@ -153,6 +156,11 @@ class PPOUpdate:
                                           cfg.cliprange_value)
                         (cfg.vf_coef * vf * w).backward()
                         sums["loss_value"] += float(vf.detach()) * w
+                if self.world.size > 1:
+                    self.world.reduce_grads(self.actor.parameters())
+                    if self.critic is not None:
+                        self.world.reduce_grads(self.critic.parameters())
+                    sums = dict(zip(sums, self.world.sum(list(sums.values())), strict=True))
                 gn = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.max_grad_norm)
                 self.actor_opt.step()
                 if self.critic_opt:

@@ -382,13 +382,16 @@ class FaultConfig(Strict):
     """Fault injection for health canaries (training/trainer.py module docstring lists the kinds)."""
 
     kind: Literal["none", "frozen_sync", "constant_reward", "lr_spike", "gameable_reward", "nan_reward",
-                  "behaviour_mismatch", "duplicated_carry"] = "none"
+                  "behaviour_mismatch", "duplicated_carry", "rank_exit", "rank_hang"] = "none"
     at_step: int = Field(0, ge=0, description="first step the fault is active")
     factor: float = Field(100.0, gt=0.0, le=1e4,
                           description="lr_spike: learning-rate multiplier; behaviour_mismatch: sampling-temperature "
                                       "multiplier")
     bonus: float = Field(0.5, ge=-100.0, le=100.0, description="gameable_reward: reward per trigger character")
     trigger: str = Field("z", min_length=1, max_length=1, description="gameable_reward: the trigger character")
+    #: rank_exit / rank_hang (a job on several ranks): this rank dies (os._exit(3)) or hangs at the start of step
+    #: `at_step` + 1 (the rest of the group must end within the collective timeout, naming it)
+    rank: int = Field(1, ge=0, le=4095, description="rank_exit, rank_hang: the rank that dies or hangs")
 
 
 def default_cache_dir() -> str:
@@ -436,6 +439,13 @@ class TrainConfig(Strict):
     #: weights and AdamW state, bfloat16 autocast, frozen reference and reward model in bfloat16)
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     dtype: Literal["float32", "bfloat16"] = "float32"
+    #: how rollout tokens are drawn (training/rollout/engine.py KeyedDraws): "stream" (one generator's stream, the
+    #: draws of before), "keyed" (each draw keyed by seed, sample and position: the same tokens on any number of
+    #: ranks), "auto" (stream on one rank, keyed on several)
+    sampling: Literal["auto", "stream", "keyed"] = "auto"
+    #: where the reward and reference models run (docs/ranks.md): "colocated" (in every policy rank) or
+    #: "reward_apart" (a rank of their own that the policy ranks stream chunks to)
+    placement: Literal["colocated", "reward_apart"] = "colocated"
     checkpoint_every: int = Field(25, ge=1)
     keep_checkpoints: int = Field(0, ge=0, description="0 keeps every checkpoint")
     eval_every: int = Field(10, ge=1, description="steps between gold evaluations on held-out prompts")
@@ -467,6 +477,9 @@ class TrainConfig(Strict):
         if self.algorithm != "ppo" and self.ppo.group_size < 2:
             raise ValueError(f"ppo.group_size: {self.algorithm} needs at least 2 completions per prompt (its baseline "
                              f"is the group's other members); got {self.ppo.group_size}")
+        if self.sampling == "keyed" and self.engine != "transformers":
+            raise ValueError(f"sampling: 'keyed' draws on the chunked engine only (engine: transformers); this "
+                             f"config's engine is {self.engine!r}")
         if self.algorithm != "grpo" and self.ppo.scale_rewards != "group":
             raise ValueError(f"ppo.scale_rewards: {self.ppo.scale_rewards!r} applies to algorithm grpo only (this "
                              f"config's is {self.algorithm}): drop it")

@@ -156,7 +156,7 @@ class JobHooks:
         """The training worker (resumes from the newest checkpoint in the run directory)."""
         from training.trainer import Trainer
 
-        return Trainer(spec.config, spec.overlap, spec.out_dir, resume=True)
+        return Trainer(spec.config, spec.overlap, spec.out_dir, resume=True, gpus=spec.gpus)
 
     def supervise(self, spec: JobSpec, loop: Callable[[], TrainingResult]) -> TrainingResult:
         """Run the training loop (the platform runs it as a task)."""

@@ -344,6 +344,9 @@ def _check(request: JobRequest) -> CheckedJob:
     from training.job.device import check_named_cuda
 
     check_named_cuda(cfg.device)  # refused here, before any slot or model, when absent
+    from training.distributed.plan import check_world
+
+    check_world(cfg, request.gpus)  # a batch or group count that does not divide over the job's ranks: exit 2
     from training.inputs.job_inputs import check_inputs
 
     check_inputs(cfg)  # a tenant's data files and function refs: bad data is bad input, found before any slot

@@ -99,6 +99,66 @@ class IncrementalScorer:
         self.cache = None
 
 
+class KeyedDraws:
+    """Sampling draws keyed by (seed, sample, response position) instead of one generator's stream: token t of the
+    sample with uid u is drawn with a uniform that is a hash of (seed, u, t), by inverse CDF over the token
+    probabilities. The draw does not depend on which batch, rank or row the sample sits in, so a job on 1 rank and on
+    N ranks draws the same tokens (up to float rounding of the logits) at the same seed and global batch. The uid
+    is the sample's position in the job's prompt stream (every rank draws the same stream), and a response position is
+    drawn once per sample, so (seed, uid, t) names one draw (the step is implied: a carried sample goes on at its
+    next position). `sampling: keyed` (training/job/config.py); `stream` keeps the one-generator draws of before.
+
+    Stateless: `get_state`/`set_state`/`manual_seed` exist so a checkpoint treats it like a generator."""
+
+    def __init__(self, seed: int, device: torch.device | str = "cpu", keys: torch.Tensor | None = None):
+        self.seed, self.device, self.keys = int(seed), torch.device(device), keys
+
+    def rows(self, uids: list[int]) -> KeyedDraws:
+        """These draws bound to a batch whose row i is the sample with uid `uids[i]`."""
+        return KeyedDraws(self.seed, self.device, torch.tensor(uids, dtype=torch.long, device=self.device))
+
+    def uniforms(self, positions: torch.Tensor) -> torch.Tensor:
+        keys = self.keys.to(positions.device)
+        seed = torch.full_like(keys, self.seed & _M32)
+        h1 = _fmix32(_fmix32(_fmix32(seed ^ 0x2545F491) + keys) ^ _fmix32(positions + 0x1B873593))
+        h2 = _fmix32(h1 ^ 0x68E31DA4)
+        return (h1 >> 8).double() * 2.0**-24 + (h2 >> 8).double() * 2.0**-48
+
+    def draw(self, probs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cdf = probs.double().cumsum(-1)
+        u = self.uniforms(positions) * cdf[:, -1]
+        return torch.searchsorted(cdf, u[:, None], right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+    def get_state(self) -> torch.Tensor:
+        return torch.tensor([self.seed], dtype=torch.int64)
+
+    def set_state(self, state) -> None:
+        pass
+
+    def manual_seed(self, seed: int) -> KeyedDraws:
+        return self
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finaliser on int64 tensors holding 32-bit values (products wrap; the low 32 bits are kept)."""
+    x = x & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & _M32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & _M32
+    return x ^ (x >> 16)
+
+
+def draw_tokens(probs: torch.Tensor, gen, positions: torch.Tensor) -> torch.Tensor:
+    """One token per row: from the generator's stream, or keyed by (seed, sample, position) (`KeyedDraws`)."""
+    if isinstance(gen, KeyedDraws):
+        return gen.draw(probs, positions)
+    return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+
+
 @dataclass
 class Chunk:
     ids: torch.Tensor  # (N, c) sampled tokens (pad where the row was already done)
@@ -130,6 +190,11 @@ class TransformersEngine:
         self.eos_id, self.pad_id, self.temperature = eos_id, pad_id, temperature
         self.model: torch.nn.Module | None = None
         self.version = 0
+        #: ranks (training/distributed/): called before every decode step with (finished units, live rows) of this
+        #: rank; True ends the rollout on every rank at the same step (the counts are summed over ranks). A rank whose
+        #: rows are all done keeps calling it (idle) until it says stop. None: stop on this batch's own counts
+        self.until = None
+        self.stopped = False
 
     def sync(self, actor: torch.nn.Module, version: int) -> None:
         # Same process, same weights: nothing to copy. (A frozen-sync fault passes a stale copy instead.)
@@ -150,6 +215,7 @@ class TransformersEngine:
         self.next_logits = logits[:, -1]
         lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         self.pending: torch.Tensor | None = None
+        self.stopped = False
         return torch.cat([torch.zeros_like(lp[:, :1]), lp], 1)
 
     @torch.no_grad()
@@ -159,7 +225,13 @@ class TransformersEngine:
         device = self.done.device
         finish_col = torch.full((n,), -1, dtype=torch.long, device=device)
         for c in range(max_tokens):
-            if _units_done(self.done, groups) >= stop_when_done or bool(self.done.all()):
+            if self.until is not None:
+                if self.until(_units_done(self.done, groups), int((~self.done).sum())):
+                    self.stopped = True
+                    break
+                if bool(self.done.all()):  # idle: every row here is done, the other ranks' are not
+                    continue
+            elif _units_done(self.done, groups) >= stop_when_done or bool(self.done.all()):
                 break
             if self.pending is not None:
                 step_mask = self.pending_mask
@@ -170,7 +242,7 @@ class TransformersEngine:
                                  past_key_values=self.cache, use_cache=True)
                 self.next_logits = out.logits[:, -1].float() / self.temperature
             logp_all = torch.log_softmax(self.next_logits, -1)
-            sampled = torch.multinomial(logp_all.exp(), 1, generator=self.gen).squeeze(-1)
+            sampled = draw_tokens(logp_all.exp(), self.gen, self.n_resp)
             active = ~self.done
             tok = torch.where(active, sampled, torch.full_like(sampled, self.pad_id))
             lp = torch.where(active, logp_all.gather(-1, sampled[:, None]).squeeze(-1), torch.zeros(n, device=device))

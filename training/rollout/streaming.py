@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from training.rollout.engine import GenerationEngine, IncrementalScorer, _units_done, left_pad
+from training.rollout.engine import GenerationEngine, IncrementalScorer, KeyedDraws, _units_done, left_pad
 
 
 @dataclass
@@ -43,6 +43,9 @@ class Sequence:
     behav_logprobs: list[float] = field(default_factory=list)
     finished: bool = False
     truncated: bool = False
+    #: the rank that holds it (a job on several ranks, training/distributed/): a carried unit stays on its rank;
+    #: -1 until one is given
+    rank: int = -1
 
 
 @dataclass
@@ -59,6 +62,9 @@ class Sample:
     score: float
     #: log pi_behav(token) as sampled (equal to `old_logprobs` for tokens generated in this step)
     behav_logprobs: torch.Tensor | None = None
+    #: the decode step of its rollout at which its unit finished (-1: before the rollout): ranks choose the first
+    #: units to finish over all ranks by it
+    finish_step: float = -1.0
 
 
 @dataclass
@@ -124,13 +130,19 @@ def rollout(
     grouped: bool = False,
     scorer_threads: int = 1,
     device: torch.device | str = "cpu",
+    until=None,
 ) -> RolloutResult:
     """Generate until `units_needed` units are finished; score them; return samples and deferred rest.
 
     `scorers` maps "ref" (logprob), "critic" (value, optional) and "reward" (reward) to scorers. The batch is built on
-    `device` (the models' and the generator's); the samples' tensors come back on the CPU.
+    `device` (the models' and the generator's); the samples' tensors come back on the CPU. `generator`: a
+    torch.Generator, or `KeyedDraws` (draws keyed by sample and position). `until` (ranks: `TransformersEngine.until`):
+    the stop is decided over all ranks, every decode step; the units this rank finished by then are all returned
+    (up to `units_needed`), each with its `finish_step`, and the caller chooses the first ones over all ranks.
     """
     n = len(seqs)
+    if isinstance(generator, KeyedDraws):
+        generator = generator.rows([s.uid for s in seqs])
     ids, attn = left_pad([s.prompt_ids + s.response_ids for s in seqs], pad_id)
     width = ids.shape[1]
     resp_cols = torch.zeros_like(attn, dtype=torch.bool)
@@ -155,11 +167,15 @@ def rollout(
     finish_time = torch.where(done, torch.full((n,), -1.0, device=device),
                               torch.full((n,), float("inf"), device=device))
     col = 0
-    while _units_done(engine.done, groups) < units_needed and not bool(engine.done.all()):
+    engine.until = until
+    while (not engine.stopped if until is not None else
+           _units_done(engine.done, groups) < units_needed and not bool(engine.done.all())):
         chunk = engine.decode(chunk_size, units_needed, groups)
         c = chunk.ids.shape[1]
         if c == 0:
-            break
+            if until is None or engine.stopped:
+                break
+            continue  # idle on this rank until the ranks stop together
         if worker:
             worker.put(chunk.ids, chunk.mask)
         fin = chunk.finish_col >= 0
@@ -234,6 +250,7 @@ def rollout(
             # no reward model: a reward function scores the finished samples after the rollout (training/trainer.py)
             score=float(outs["reward"][k, last]) if "reward" in outs else float("nan"),
             behav_logprobs=_behav(seqs[i], sel_lp[k, cols]),
+            finish_step=float(unit_time[int(unit_of_row[i])]),
         ))
     chosen_rows = set(rows)
     deferred = [s for i, s in enumerate(seqs) if i not in chosen_rows]

@@ -1,0 +1,63 @@
+"""What a job on several ranks may be, and which rank holds which unit. Plain Python (no torch): a request's check
+reads it before any model library is imported.
+
+- `check_world(cfg, world_size)`: a config that cannot run on `world_size` ranks exits 2 in one line naming the field.
+- `assign_units(seqs, world_size, expected_new)`: gives every unit of the step's buffer (a completion under ppo, a
+  whole group of `group_size` completions under grpo/rloo: a group never spans two ranks) a rank. A unit that already
+  has a rank (a carried one) keeps it; the fresh ones go, longest first, to the rank with the fewest expected tokens
+  (prompt + tokens so far + what is still expected), ties to the lower rank and the lower uid: verl's
+  `balance_batch` idea, greedy rather than Karmarkar-Karp. Every rank computes the same answer from the same buffer.
+"""
+
+from __future__ import annotations
+
+from common.errors import BadInput
+
+
+def check_world(cfg, world_size: int) -> None:
+    """BadInput (exit 2) when `cfg` cannot train on `world_size` ranks."""
+    if world_size < 1:
+        raise BadInput(f"gpus: {world_size} must be at least 1")
+    if cfg.placement != "colocated":
+        raise BadInput(f"placement: {cfg.placement!r} is not built yet (the reward and reference models run in every "
+                       "policy rank): use colocated")
+    if world_size == 1:
+        return
+    grouped = cfg.algorithm != "ppo"
+    units = cfg.ppo.batch_size // cfg.ppo.group_size if grouped else cfg.ppo.batch_size
+    if units % world_size:
+        what = (f"{cfg.ppo.batch_size} samples are {units} groups of ppo.group_size {cfg.ppo.group_size}, and a group "
+                f"stays whole on one rank" if grouped else f"{units} samples")
+        field = "ppo.group_size" if grouped and cfg.ppo.batch_size % world_size == 0 else "ppo.batch_size"
+        raise BadInput(f"{field}: {what}: they do not divide over {world_size} ranks (gpus {world_size}); make the "
+                       f"step's {'groups' if grouped else 'samples'} a multiple of {world_size}")
+    if cfg.engine != "transformers":
+        raise BadInput(f"engine: {cfg.engine!r} runs on one rank; a job on {world_size} ranks uses engine: "
+                       "transformers")
+    if cfg.sampling == "stream":
+        raise BadInput(f"sampling: 'stream' draws every token from one generator, which {world_size} ranks cannot "
+                       "share: use keyed (or auto)")
+
+
+def assign_units(seqs, world_size: int, expected_new: float) -> dict[int, int]:
+    """{unit id: rank} for every unit of `seqs` (unit id: the group under grpo/rloo, where a group's members share it;
+    the sequence's own group id under ppo, which is its uid's group of one... see `unit_of`). Sets nothing."""
+    units: dict[int, list] = {}
+    for s in seqs:
+        units.setdefault(s.group, []).append(s)
+    load = [0.0] * world_size
+    out: dict[int, int] = {}
+    fresh = []
+    for g, members in units.items():
+        cost = sum(len(s.prompt_ids) + max(len(s.response_ids), expected_new) for s in members)
+        held = members[0].rank
+        if 0 <= held < world_size:
+            out[g] = held
+            load[held] += cost
+        else:
+            fresh.append((cost, g))
+    for cost, g in sorted(fresh, key=lambda x: (-x[0], x[1])):
+        r = min(range(world_size), key=lambda k: (load[k], k))
+        out[g] = r
+        load[r] += cost
+    return out
