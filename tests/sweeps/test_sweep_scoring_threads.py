@@ -23,7 +23,7 @@ def varied_gold(prompt: str, text: str, cfg) -> float:
 def test_checkpoints_scored_in_two_trial_threads_get_their_sequential_scores(tmp_path, monkeypatch):
     from sweeps.runner import _TrialHooks
 
-    monkeypatch.setattr("training.inputs.scorers.gold_score", varied_gold)
+    monkeypatch.setattr("training.gate.gold_score", varied_gold)
     cfg = TrainConfig.model_validate({**BASE, "steps": 8})
     list(Trainer(cfg, overlap="none", out_dir=tmp_path, resume=False).run(8))
     ckpts = checkpoints(tmp_path)

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 REAL_CONFIG = REPO / "configs" / "ppo-qwen2-0.5b.yaml"
 SMALL_CONFIG = REPO / "configs" / "ppo-tiny.yaml"
 MODE_ORDER = ("none", "full", "inter", "intra")
