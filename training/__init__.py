@@ -7,6 +7,8 @@
 - `inputs/`: what a job trains on and is scored by: a tenant's data files, the synthetic task, the tokenizer, the
   built-in rewards, the reward and gate scorers, the pool that runs tenant code. Never imports rollout, the models or
   the trainer: a request is checked without the model stack.
+- `distributed/`: a job on several ranks: the process group and its collectives, who rolls out what, the launcher.
+  The math and the inputs never import it.
 - `job/`: a job's life: its config, request, device, sizing, lifecycle, run directory and detector.
 - `benches/`: `bench oppo`, `bench gain`, the baseline check, profiling, the GPU check, the canaries. Nothing else in
   `training/` imports them.
