@@ -196,7 +196,7 @@ def register_checkpoint(run_id: str, model_name: str, best: dict[str, Any], tena
         decision = promote(c, model_name, mv, checkpoint_evidence(best["checkpoint"], best["step"]),
                            run_state=run_state)
     return {"model": model_name, "version": int(mv.version), "alias_best": decision.promote,
-            "promotion": decision.reason, "source": mv.source}
+            "promotion": decision.reason, "promotion_changed": list(decision.changed), "source": mv.source}
 
 
 def replay_history(out_dir: str | Path, upto_step: int, supervisor, run_id: str | None = None) -> list[dict[str, Any]]:

@@ -160,7 +160,8 @@ def print_summary(console, res, process: dict, uri: str, prefect_api: str | None
                  else "not registered (only a run that ended SUCCEEDED or was paused by its gate registers its "
                       "checkpoint)")
         table.add_row("rlhf job", f"{job['state']} after {job['metrics']['steps']} steps; best checkpoint step "
-                      f"{best.get('step', '—')} (held-out {best.get('eval_score', float('nan')):+.3f}) {where}")
+                      f"{best.get('step', '—')} (held-out {best.get('eval_score', float('nan')):+.3f}) {where}"
+                      + promotion_words(reg))
     elif job is not None:
         table.add_row("rlhf job", f"[red]failed[/red]: {job}")
     pf = res.platform
@@ -204,6 +205,14 @@ def print_summary(console, res, process: dict, uri: str, prefect_api: str | None
     console.print(f"  report      {res.out_dir}/report.md  (or `rlhfops report`)")
     for line in server_hints(uri, prefect_api, run_link(uri, res.run_id)):
         console.print(f"  {line}", markup=False, highlight=False)
+
+
+def promotion_words(reg: dict) -> str:
+    """What the registry decided on the job's version, for the summary: nothing more when it took `best`; the
+    one-line reason when it did not (a refusal for a changed gate names the identity part that changed)."""
+    if not reg or reg.get("alias_best"):
+        return "" if not reg else " (alias best)"
+    return f"; best not moved: {reg.get('promotion') or 'no reason recorded'}"
 
 
 def run_link(uri: str, run_id: str, experiment: str | None = None) -> str:
