@@ -73,7 +73,8 @@ def register(app: typer.Typer) -> None:
         fail_rate: float = typer.Option(0.0, "--fail-rate", help="inject transient failures into this share of "
                                         "task attempts (chaos test of the retries), 0..0.9"),
         out: Path = typer.Option(Path("results/nightly"), "--out", help="output directory"),
-        cache_dir: str = typer.Option("runs/.cache", "--cache-dir", help="base-policy / reward-model cache"),
+        cache_dir: str = typer.Option(None, "--cache-dir", help="warm-start cache (default: RLHFOPS_CACHE_DIR, "
+                                      "else ~/.cache/rlhfops/warm-starts, as for a config without cache_dir)"),
         verbose: bool = typer.Option(False, "--verbose", help="show Prefect's own log lines (task states)"),
         stages_text: str = typer.Option(None, "--stages", help=STAGES_HELP),
         bench_baseline: str = typer.Option("docs/bench/oppo-baseline.json", "--bench-baseline", help="the bench "
@@ -95,6 +96,9 @@ def register(app: typer.Typer) -> None:
         from rlhfops.commands.simulate import parse_seeds
 
         stages = parse_stages(stages_text)
+        from training.job.config import default_cache_dir
+
+        cache_dir = cache_dir or default_cache_dir()
         check_out_dir(out, "out")
         if not 0.0 <= fail_rate <= 0.9:
             raise BadInput("--fail-rate: must be between 0 and 0.9")
