@@ -166,6 +166,8 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
         tags = {**outcome_tags(outcome), "slots_backend": slots.backend}  # the same tags as `rlhfops train`'s run
         if paused is not None:
             tags.update(paused.tags())
+        if registry:  # the promotion decision on the job's run too: the nightly's report reads it from there
+            tags.update(promotion_tags(registry))
         (out / "scores.json").write_text(json.dumps(scores, indent=2))
         examples = tenant_examples(outcome.error)
         if examples:  # what the tenant's code failed on: the run directory and an MLflow artifact
@@ -189,6 +191,16 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
     if status.state is RunState.FAILED:
         raise JobFailed(f"{job}: {status.label}: {status.reason}")
     return summary
+
+
+def promotion_tags(registry: dict[str, Any]) -> dict[str, str]:
+    """The job run's tags of its registered version's promotion decision (`register_checkpoint`'s return): the
+    version, promoted or not, the one-line reason and the gate identity parts that changed (none: empty)."""
+    changed = ", ".join(registry.get("promotion_changed") or [])
+    return {"promotion.version": f"{registry['model']}/{registry['version']}",
+            "promotion.decision": "promoted" if registry.get("alias_best") else "kept holder",
+            "promotion.reason": str(registry.get("promotion", ""))[:5000], **({"promotion.changed": changed}
+                                                                            if changed else {})}
 
 
 def log_lineage(run_id: str, cfg) -> None:

@@ -3,7 +3,8 @@
 - `checkpoint_evidence(checkpoint, step)`: a trainer checkpoint's per-prompt gate scores (the run directory's
   `gate_records.csv` rows at that step, written by the trainer's gate with the run's fixed sampling seed) and the ids
   of what they were scored on: the held-out prompt texts of the gate and the gate's sampling seed, decode settings
-  and gold-scorer config, all read from the checkpoint's `config.yaml`.
+  and gold-scorer config, all read from the checkpoint's `config.yaml`, with those ids' parts (`identity`: gate kind,
+  function and code hash, held-out digest, eval prompts, sampling seed, ...) for a refusal to name what changed.
 - `promote(client, model, version, evidence)`: the one place the `best` alias moves. It records the version's
   evidence as tags, runs the paired test against the holder's evidence and records the decision (difference, lower
   bound, prompts paired, level, the holder's version, the one-line reason) as tags of the new version.
@@ -33,24 +34,38 @@ def eligible(run_state: str) -> bool:
 def gate_identity(config: Any) -> tuple[str, str]:
     """(prompt set id, gate id) of a `training.job.config.TrainConfig`'s eval gate: the held-out prompt texts it scores
     (batch 0: the first `eval_prompts`), and its sampling seed, decode settings and gold scorer (the task config)."""
+    prompt_set, gate, _ = identity(config)
+    return prompt_set, gate
+
+
+def identity(config: Any) -> tuple[str, str, dict[str, str]]:
+    """`gate_identity` and its parts (`eval.promotion.IDENTITY_PARTS`: what each id digests, one value per part),
+    which a version carries as `identity.<part>` tags so a refusal can name the part that changed."""
     from training.gate import batch_seed
     from training.inputs.job_inputs import job_lineage
 
     gate = {"seed": batch_seed(config.seed, 0), "max_new_tokens": config.ppo.max_new_tokens,
             "temperature": config.ppo.temperature}
+    parts = {"gate.kind": config.gate.kind, "sampling_seed": str(gate["seed"]),
+             "decode": f"max_new_tokens={config.ppo.max_new_tokens}, temperature={config.ppo.temperature:g}",
+             "eval_prompts": str(config.eval_prompts)}
     if config.task.kind == "synthetic":
         from training.inputs.synthetic_task import make_prompts
 
         prompts = make_prompts(config.task, config.seed).heldout[: config.eval_prompts]
         gate["task"] = config.task.model_dump(mode="json", exclude={"kind"})
+        parts.update({"heldout.digest": digest(prompts), "task": digest(gate["task"])})
     else:  # a data set: its held-out file (by its own hash) and how many of its prompts the gate scores
         tags = job_lineage(config)["tags"]
         prompts = [tags["heldout.digest"], config.eval_prompts, config.task.prompt_key, config.task.chat_template]
+        parts.update({"heldout.digest": str(tags["heldout.digest"]), "prompt_key": str(config.task.prompt_key),
+                      "chat_template": str(config.task.chat_template)})
     if config.gate.kind != "gold":  # what scored them: a function (its code) or a model (its path)
         tags = job_lineage(config)["tags"]
-        gate.update({"gate.kind": config.gate.kind, "gate": [tags.get("gate.ref") or tags.get("gate.path"),
-                                                             tags.get("gate.code_hash")]})
-    return digest(prompts), digest(gate)
+        ref, code = tags.get("gate.ref") or tags.get("gate.path"), tags.get("gate.code_hash")
+        gate.update({"gate.kind": config.gate.kind, "gate": [ref, code]})
+        parts.update({k: str(v) for k, v in (("gate.ref", ref), ("gate.code_hash", code)) if v is not None})
+    return digest(prompts), digest(gate), parts
 
 
 def checkpoint_evidence(checkpoint: str | Path, step: int | None = None,
@@ -83,8 +98,8 @@ def checkpoint_evidence(checkpoint: str | Path, step: int | None = None,
     scores = {str(k): float(v) for k, v in scores.items() if math.isfinite(float(v))}
     if not scores:
         return None
-    prompt_set, gate = gate_identity(config)
-    return Evidence(prompt_set, gate, scores)
+    prompt_set, gate, parts = identity(config)
+    return Evidence(prompt_set, gate, scores, parts)
 
 
 def holder(client, model: str):

@@ -109,6 +109,29 @@ def tenant_table(root_id: str, all_runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
+PROMOTION_COLUMNS = ["job", "version", "decision", "changed", "reason"]
+
+
+def promotion_table(root_id: str, all_runs: pd.DataFrame) -> pd.DataFrame:
+    """The promotion decision on each job run of a nightly that registered a version (`promotion.*` tags of its
+    run, `flows.rlhf_job.promotion_tags`): the version, promoted or kept holder, the identity parts that changed
+    (a refusal for a different gate or prompt set) and the one-line reason."""
+    runs = _descendants(root_id, all_runs)
+    col = "tags.promotion.decision"
+    if runs.empty or col not in runs:
+        return pd.DataFrame(columns=PROMOTION_COLUMNS)
+    runs = runs[runs[col].notna()]
+
+    def tag(r: pd.Series, key: str) -> str:
+        value = r.get(f"tags.{key}")
+        return "" if value is None or pd.isna(value) else str(value)
+
+    return pd.DataFrame([{"job": tag(r, "mlflow.runName") or r["run_id"], "version": tag(r, "promotion.version"),
+                          "decision": tag(r, "promotion.decision"), "changed": tag(r, "promotion.changed"),
+                          "reason": tag(r, "promotion.reason")} for _, r in runs.iterrows()],
+                        columns=PROMOTION_COLUMNS)
+
+
 def compare(tonight: pd.DataFrame, last: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Side by side: tonight, last night, delta (tonight - last) per key and metric."""
     on = keys + ["metric"]
@@ -124,7 +147,8 @@ def compare(tonight: pd.DataFrame, last: pd.DataFrame, keys: list[str]) -> pd.Da
 def nightly_report(experiment: str = DEFAULT_EXPERIMENT, tonight_id: str | None = None) -> dict[str, Any]:
     """Tonight (`tonight_id`, which may still be running, or else the newest finished nightly) against the
     newest finished nightly that started before it."""
-    empty = {"tonight": None, "last": None, "schedulers": pd.DataFrame(), "tenants": pd.DataFrame()}
+    empty = {"tonight": None, "last": None, "schedulers": pd.DataFrame(), "tenants": pd.DataFrame(),
+             "promotions": pd.DataFrame(columns=PROMOTION_COLUMNS)}
     # the nightly runs first, then only the runs since the last one's start: reading the whole experiment grew
     # with every night (5.7 s at 2,000 runs here, and capped at 50,000 runs)
     nights = _runs(f"tags.`{KIND_TAG}` = 'nightly'", experiment)
@@ -151,7 +175,8 @@ def nightly_report(experiment: str = DEFAULT_EXPERIMENT, tonight_id: str | None 
     sched = sched.sort_values(["experiment", "variant", "scheduler"], kind="stable", ignore_index=True)
     ten = compare(tenant_table(tonight.run_id, all_runs),
                   tenant_table(last.run_id, all_runs) if last is not None else None, TENANT_KEYS)
-    return {"tonight": tonight, "last": last, "schedulers": sched, "tenants": ten}
+    return {"tonight": tonight, "last": last, "schedulers": sched, "tenants": ten,
+            "promotions": promotion_table(tonight.run_id, all_runs)}
 
 
 def _fmt(x: Any) -> str:
@@ -197,4 +222,17 @@ def report_markdown(rep: dict[str, Any], metrics: tuple[str, ...] = ("jct_mean",
             lines.append(f"| {r.tenant} | {r.algorithm} | {r.metric} | {_fmt(r.tonight)} | {_fmt(r['last'])} | "
                          f"{_fmt(r.delta)} |")
         lines.append("")
+    lines += promotion_lines(rep.get("promotions"))
     return "\n".join(lines)
+
+
+def promotion_lines(promotions: pd.DataFrame | None) -> list[str]:
+    """The report's registry section: one line per version tonight's jobs registered, whether it took `best` and
+    why not (a refusal for a changed gate names the part: "gate code (fns.py:exact_match) changed: ...")."""
+    if promotions is None or promotions.empty:
+        return []
+    lines = ["## Registry (tonight's jobs)", ""]
+    for _, r in promotions.iterrows():
+        changed = f" (changed: {r.changed})" if r.changed else ""
+        lines.append(f"- {r.job}: {r.version or 'version'} {r.decision}{changed}: {r.reason}")
+    return [*lines, ""]

@@ -44,12 +44,19 @@ METRIC_FLUSH_STEPS = 25
 PROGRESS_EVERY = 5
 
 
-def progress_line(rec, total: int | None, supervisor) -> str:
-    """One step's progress as the run's log shows it."""
-    gold = "" if math.isnan(rec.gold_eval) else f", held-out gold {rec.gold_eval:+.3f}"
+def progress_line(rec, total: int | None, supervisor, score_word: str = "held-out gold") -> str:
+    """One step's progress as the run's log shows it (`score_word`: what the gate's score is called: a tenant's
+    dataset job is scored by its own gate, `gate score`, not the synthetic task's held-out gold)."""
+    gold = "" if math.isnan(rec.gold_eval) else f", {score_word} {rec.gold_eval:+.3f}"
     of = f"/{total}" if total else ""
     return (f"step {rec.step}{of}: reward {rec.reward_mean:+.3f}, KL {rec.kl:.2f}, entropy {rec.entropy:.2f}{gold}; "
             f"run state {supervisor.machine.status.label}")
+
+
+def score_word(config) -> str:
+    """What a job's gate score is called in its lines: `gate score` for a tenant's dataset job (its own gate), the
+    synthetic task's `held-out gold` otherwise."""
+    return "gate score" if config.task.kind == "dataset" else "held-out gold"
 
 
 def _run_logger():
@@ -66,7 +73,7 @@ def _run_logger():
 @task(name="start-worker", task_run_name="start worker {job}", **_RETRY)
 def start_worker(job: str, config, overlap: str, out_dir: str, fail_rate: float = 0.0, fault_seed: int = 0,
                  card: int | None = None):
-    """Bring up the training worker: tokenizer, base policy, reference, proxy reward model, optimisers
+    """Bring up the training worker: tokenizer, base policy, reference, the reward model (a job with one), optimisers
     (cached warm starts after the first job), on the GPU of the slot card `card` when the config says `device: auto`.
     Resumes from the newest checkpoint in `out_dir` if any."""
     maybe_fail("worker-start", job, fail_rate, fault_seed)
@@ -95,6 +102,7 @@ class PrefectJobHooks(JobHooks):
         self.fail_rate, self.fault_seed, self.after_step, self.wait_api = fail_rate, fault_seed, after_step, wait_api
         self.logger = _run_logger()
         self.total: int | None = None
+        self.score_word = "held-out gold"
         self.card: int | None = None  # the slot card this job holds (`hold_slots`), while it holds it
 
     @contextmanager
@@ -114,6 +122,7 @@ class PrefectJobHooks(JobHooks):
 
     def start_worker(self, spec: JobSpec):
         self.total = spec.steps
+        self.score_word = score_word(spec.config)
         return start_worker.with_options(retry_delay_seconds=self.delays)(
             spec.job, spec.config, spec.overlap, str(spec.out_dir), self.fail_rate, self.fault_seed, self.card)
 
@@ -133,7 +142,7 @@ class PrefectJobHooks(JobHooks):
 
     def on_step(self, record: Any, supervisor: Any) -> str | None:
         if record.step % PROGRESS_EVERY == 0 or record.step == self.total:
-            self.logger.info(progress_line(record, self.total, supervisor))
+            self.logger.info(progress_line(record, self.total, supervisor, self.score_word))
         if self.after_step is not None:
             self.after_step(record, supervisor)
         return None
@@ -196,7 +205,7 @@ def register_checkpoint(run_id: str, model_name: str, best: dict[str, Any], tena
         decision = promote(c, model_name, mv, checkpoint_evidence(best["checkpoint"], best["step"]),
                            run_state=run_state)
     return {"model": model_name, "version": int(mv.version), "alias_best": decision.promote,
-            "promotion": decision.reason, "source": mv.source}
+            "promotion": decision.reason, "promotion_changed": list(decision.changed), "source": mv.source}
 
 
 def replay_history(out_dir: str | Path, upto_step: int, supervisor, run_id: str | None = None) -> list[dict[str, Any]]:

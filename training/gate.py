@@ -13,7 +13,8 @@ The same checkpoint scored twice therefore gives identical records.
 A record is one prompt at one checkpoint: `PromptRecord` (prompt id = its index in the held-out list, the batch's
 sampling seed, gold score, proxy score as training sees it, response length in tokens). `GateRecordsCSV` writes them
 to `gate_records.csv` in the run directory, in the `eval.prompt_records` format (`run_id, step, prompt_id,
-gold_score, seed, proxy_score, response_len`).
+gold_score, seed, proxy_score, response_len`; `proxy_score` only for a job with a proxy reward model: a tenant's
+function reward has none, and `eval.prompt_records` reads the column as optional).
 
 `HeldoutScorer` is the gate's scorer of every kind (`gate:` gold, function or model): one score per held-out prompt.
 """
@@ -39,6 +40,8 @@ from training.job.config import TrainConfig
 GATE_RECORDS = "gate_records.csv"
 #: columns of a gate-records CSV (the per-prompt records format `eval.prompt_records` reads)
 RECORD_COLUMNS = ("run_id", "step", "prompt_id", "gold_score", "seed", "proxy_score", "response_len")
+#: the columns a file has only when some record has them: the proxy reward model's score (none without one)
+OPTIONAL_COLUMNS = ("proxy_score",)
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,11 @@ def summary(records: list[PromptRecord]) -> tuple[float, float]:
 
 
 def record_rows(run_id: str, step: int, records: Iterable[PromptRecord]) -> list[dict]:
+    """The CSV rows of one checkpoint's records; `proxy_score` only where there is one (a job without a proxy reward
+    model, a tenant's function reward, has none: its records are NaN there, and its file has no such column)."""
     return [{"run_id": run_id, "step": int(step), "prompt_id": r.prompt_id, "gold_score": r.gold_score,
-             "seed": r.seed, "proxy_score": r.proxy_score, "response_len": r.response_len} for r in records]
+             "seed": r.seed, **({} if math.isnan(r.proxy_score) else {"proxy_score": r.proxy_score}),
+             "response_len": r.response_len} for r in records]
 
 
 def _fmt(v):
@@ -101,19 +107,25 @@ def _fmt(v):
 
 
 def write_records(path: str | Path, rows: Iterable[dict], append: bool = False) -> int:
-    """Write (or append) gate-record rows to a CSV in `RECORD_COLUMNS` order; returns the rows written."""
+    """Write (or append) gate-record rows to a CSV in `RECORD_COLUMNS` order; returns the rows written. A new file's
+    columns are the required ones and the optional ones (`OPTIONAL_COLUMNS`) some row has (all of them for no rows);
+    rows appended to a file keep its header, a value it has no row for left empty ("not recorded")."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    rows = list(rows)
     new = not (append and path.exists())
-    n = 0
+    if new:
+        columns = [c for c in RECORD_COLUMNS if c not in OPTIONAL_COLUMNS or not rows or any(c in r for r in rows)]
+    else:
+        with path.open(newline="") as f:
+            columns = next(csv.reader(f), None) or list(RECORD_COLUMNS)
     with path.open("w" if new else "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=RECORD_COLUMNS)
+        w = csv.DictWriter(f, fieldnames=columns)
         if new:
             w.writeheader()
         for r in rows:
-            w.writerow({k: _fmt(r[k]) for k in RECORD_COLUMNS})
-            n += 1
-    return n
+            w.writerow({k: _fmt(r[k]) if k in r else "" for k in columns})
+    return len(rows)
 
 
 def read_records(path: str | Path) -> list[dict]:
@@ -129,7 +141,10 @@ class GateRecordsCSV:
         self.path = Path(path)
         kept = [r for r in read_records(self.path) if int(r["step"]) <= resume_step] \
             if self.path.exists() and resume_step > 0 else []
-        write_records(self.path, kept)
+        if kept:
+            write_records(self.path, kept)
+        else:  # the first records written choose the columns (`write_records`: no proxy_score without a proxy)
+            self.path.unlink(missing_ok=True)
 
     def write(self, run_id: str, step: int, records: list[PromptRecord]) -> None:
         write_records(self.path, record_rows(run_id, step, records), append=True)

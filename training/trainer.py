@@ -117,7 +117,7 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate, RankSteps):
         self.group_size = cfg.ppo.group_size
         self.units_per_step = cfg.ppo.batch_size // self.group_size if self.grouped else cfg.ppo.batch_size
 
-        self._say("building tokenizer, base policy and reward model (cached after the first run)")
+        self._say(f"building tokenizer, base policy{' and reward model' * (cfg.reward.kind != 'function')} (cached)")
         self.tok: Tokenizer = tokenizer_for(cfg)
         #: the job's prompts and their columns (training/inputs/job_inputs.py): the synthetic task or the tenant's data
         #: set

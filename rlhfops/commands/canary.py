@@ -25,7 +25,8 @@ def register(app: typer.Typer) -> None:
         ),
         alerts: Path = typer.Option(None, "--alerts", help="thresholds YAML (default: configs/alerts.yaml); "
                                     "its 'canary' profile shortens windows for these short runs"),
-        cache_dir: str = typer.Option("runs/.cache", "--cache-dir", help="base-policy / reward-model cache"),
+        cache_dir: str = typer.Option(None, "--cache-dir", help="warm-start cache (default: RLHFOPS_CACHE_DIR, "
+                                      "else ~/.cache/rlhfops/warm-starts, as for a config without cache_dir)"),
         metrics_file: Path = typer.Option(
             None, "--metrics-file", help="write Prometheus text exposition here"
         ),
@@ -63,6 +64,9 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"metrics_port: {metrics_port} is not a TCP port (1-65535)")
         check_out_file(out, "out")
         check_out_file(metrics_file, "metrics_file")
+        from training.job.config import default_cache_dir
+
+        cache_dir = cache_dir or default_cache_dir()
         check_out_dir(cache_dir, "cache_dir")
         catalog = Catalog.from_file(alerts, algorithm="ppo", profile="canary")
         metrics = PlatformMetrics(tenants=["canary"])

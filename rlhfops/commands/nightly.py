@@ -73,7 +73,8 @@ def register(app: typer.Typer) -> None:
         fail_rate: float = typer.Option(0.0, "--fail-rate", help="inject transient failures into this share of "
                                         "task attempts (chaos test of the retries), 0..0.9"),
         out: Path = typer.Option(Path("results/nightly"), "--out", help="output directory"),
-        cache_dir: str = typer.Option("runs/.cache", "--cache-dir", help="base-policy / reward-model cache"),
+        cache_dir: str = typer.Option(None, "--cache-dir", help="warm-start cache (default: RLHFOPS_CACHE_DIR, "
+                                      "else ~/.cache/rlhfops/warm-starts, as for a config without cache_dir)"),
         verbose: bool = typer.Option(False, "--verbose", help="show Prefect's own log lines (task states)"),
         stages_text: str = typer.Option(None, "--stages", help=STAGES_HELP),
         bench_baseline: str = typer.Option("docs/bench/oppo-baseline.json", "--bench-baseline", help="the bench "
@@ -95,6 +96,9 @@ def register(app: typer.Typer) -> None:
         from rlhfops.commands.simulate import parse_seeds
 
         stages = parse_stages(stages_text)
+        from training.job.config import default_cache_dir
+
+        cache_dir = cache_dir or default_cache_dir()
         check_out_dir(out, "out")
         if not 0.0 <= fail_rate <= 0.9:
             raise BadInput("--fail-rate: must be between 0 and 0.9")
@@ -160,7 +164,8 @@ def print_summary(console, res, process: dict, uri: str, prefect_api: str | None
                  else "not registered (only a run that ended SUCCEEDED or was paused by its gate registers its "
                       "checkpoint)")
         table.add_row("rlhf job", f"{job['state']} after {job['metrics']['steps']} steps; best checkpoint step "
-                      f"{best.get('step', '—')} (held-out {best.get('eval_score', float('nan')):+.3f}) {where}")
+                      f"{best.get('step', '—')} (held-out {best.get('eval_score', float('nan')):+.3f}) {where}"
+                      + promotion_words(reg))
     elif job is not None:
         table.add_row("rlhf job", f"[red]failed[/red]: {job}")
     pf = res.platform
@@ -204,6 +209,14 @@ def print_summary(console, res, process: dict, uri: str, prefect_api: str | None
     console.print(f"  report      {res.out_dir}/report.md  (or `rlhfops report`)")
     for line in server_hints(uri, prefect_api, run_link(uri, res.run_id)):
         console.print(f"  {line}", markup=False, highlight=False)
+
+
+def promotion_words(reg: dict) -> str:
+    """What the registry decided on the job's version, for the summary: nothing more when it took `best`; the
+    one-line reason when it did not (a refusal for a changed gate names the identity part that changed)."""
+    if not reg or reg.get("alias_best"):
+        return "" if not reg else " (alias best)"
+    return f"; best not moved: {reg.get('promotion') or 'no reason recorded'}"
 
 
 def run_link(uri: str, run_id: str, experiment: str | None = None) -> str:

@@ -26,7 +26,8 @@ def register(app: typer.Typer) -> None:
                                   "steps_factor}] (config: a tenant's own PPO config, relative to the file's folder; "
                                   "default: the round's small config; no --jobs: five tenants, one job each)"),
         out: Path = typer.Option(Path("results/platform"), "--out", help="output directory"),
-        cache_dir: str = typer.Option("runs/.cache", "--cache-dir", help="base-policy / reward-model cache"),
+        cache_dir: str = typer.Option(None, "--cache-dir", help="warm-start cache (default: RLHFOPS_CACHE_DIR, "
+                                      "else ~/.cache/rlhfops/warm-starts, as for a config without cache_dir)"),
         resume_paused: bool = typer.Option(False, "--resume-paused", help="run only the jobs an earlier round in --out "
                                            "paused (PAUSED_BY_GATE), each from its kept checkpoint"),
         seed: int = typer.Option(0, "--seed", help="the jobs' config seed: warm starts, prompts and training change "
@@ -54,6 +55,9 @@ def register(app: typer.Typer) -> None:
 
         check_slot_settings()
         check_out_dir(out, "out")
+        from training.job.config import default_cache_dir
+
+        cache_dir = cache_dir or default_cache_dir()
         check_out_dir(cache_dir, "cache_dir")
         job_list = None
         if jobs is not None:

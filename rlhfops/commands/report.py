@@ -31,12 +31,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Compare tonight's nightly with the previous one: per scheduler (simulation matrix: tonight, last,
         delta) and per tenant and training algorithm (live jobs: cost, GPU-hours, steps, best held-out score; a
-        tenant's PPO and GRPO jobs are compared each with its own kind). Reads the MLflow store
+        tenant's PPO and GRPO jobs are compared each with its own kind), and whether tonight's job version took the
+        registry's best alias (a refusal for a changed gate names the part that changed). Reads the MLflow store
         (MLFLOW_TRACKING_URI, default sqlite:///mlflow.db in the working directory)."""
         from rich.table import Table
 
         from infra import tracking as T
-        from infra.reporting import nightly_report, report_markdown
+        from infra.reporting import nightly_report, promotion_lines, report_markdown
         from rlhfops.commands.args import comma_list
         from rlhfops.console import make_console
 
@@ -86,6 +87,8 @@ def register(app: typer.Typer) -> None:
             for _, r in ten.iterrows():
                 table.add_row(r.tenant, r.algorithm, r.metric, _fmt(r.tonight), _fmt(r["last"]), _fmt(r.delta))
             console.print(table)
+        for line in promotion_lines(rep.get("promotions")):  # did tonight's job take `best`, and if not, why
+            console.print(line.replace("## ", ""), markup=False, highlight=False)
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(report_markdown(rep, chosen))

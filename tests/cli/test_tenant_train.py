@@ -28,8 +28,27 @@ def test_a_tenant_reward_function_trains_on_its_own_rows(tmp_path, capsys, monke
     assert all(float(r["phase_reward_fn_s"]) > 0 for r in rows)
     assert {float(r["gold_eval"]) for r in rows if r["gold_eval"] not in ("", "nan")} <= {0.0, 0.25, 0.5, 0.75, 1.0}
     # the job is scored by the tenant's gate, and its lines say so: no word of the synthetic task's gold scorer
-    text = " ".join(out.split())
+    text = " ".join((out + err).split())
     assert "best gate score" in text and "gold" not in text.lower()
+    assert "reward model" not in text and "proxy_score" not in text  # a function reward: no reward model built
+    # its gate records have no proxy score (none exists: the column is optional, eval.prompt_records), no NaN; the
+    # required `gold_score` column keeps its name (the prompts CSV format every reader depends on)
+    records = (tmp_path / "run" / "gate_records.csv").read_text()
+    assert records.splitlines()[0] == "run_id,step,prompt_id,gold_score,seed,response_len"
+    assert "proxy_score" not in records and "nan" not in records.lower()
+    from eval.prompt_records import load_prompt_records
+
+    assert len(load_prompt_records(tmp_path / "run" / "gate_records.csv")) == 2 * 4  # 2 gates x 4 prompts
+    # the rlhf-job flow's progress lines say the same (tasks.training.progress_line)
+    from types import SimpleNamespace
+
+    from tasks.training import progress_line, score_word
+    from training.job.config import load_config
+
+    word = score_word(load_config(config))
+    line = progress_line(SimpleNamespace(step=2, reward_mean=0.5, kl=0.1, entropy=1.0, gold_eval=0.25), 4,
+                         SimpleNamespace(machine=SimpleNamespace(status=SimpleNamespace(label="RUNNING"))), word)
+    assert "gate score +0.250" in line and "gold" not in line
 
 
 @pytest.mark.timeout(600)

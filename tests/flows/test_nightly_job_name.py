@@ -48,3 +48,10 @@ def test_the_cli_passes_them_through(monkeypatch, capsys, tmp_path):
         run_cli_output(["nightly", "--quick", "--job-config", "configs/ppo-arith.yaml", "--tenant", "umbrella",
                         "--name", "arith-first", "--out", tmp_path / "o"], capsys, monkeypatch)
     assert (seen["job_tenant"], seen["job_name"]) == ("umbrella", "arith-first")
+    # without --cache-dir: the warm-start cache a config without cache_dir uses (RLHFOPS_CACHE_DIR), not runs/.cache
+    assert seen["cache_dir"] == str((tmp_path / "warm").resolve())
+
+
+@pytest.fixture(autouse=True)
+def _cache_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("RLHFOPS_CACHE_DIR", str(tmp_path / "warm"))

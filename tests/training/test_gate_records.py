@@ -41,7 +41,7 @@ def varied_gold(prompt: str, text: str, cfg) -> float:
 @pytest.fixture(scope="module")
 def scorer():
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("training.gate.gold_score", varied_gold)
+        mp.setattr("training.gate.gold_score", varied_gold)  # HeldoutScorer (training/gate.py) calls it
         yield varied_gold
 
 
