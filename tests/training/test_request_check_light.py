@@ -66,7 +66,8 @@ def test_a_prompt_over_max_prompt_tokens_is_counted_in_bytes_as_the_byte_tokeniz
     """A prompt of 300 two-byte characters is 600 tokens of the byte tokenizer: over a limit of 512 although its
     300 characters are not (a count by characters would pass it)."""
     long = "é" * 300
-    config = _dataset_job(tmp_path, [{"question": long, "answer": "#### 1"}] + [{"question": "1 + 1?", "answer": "#### 2"}])
+    config = _dataset_job(tmp_path, [{"question": long, "answer": "#### 1"}]
+                          + [{"question": "1 + 1?", "answer": "#### 2"}])
     text = config.read_text().replace("sft_key: answer}", "sft_key: answer, max_prompt_tokens: 512}")
     config.write_text(text)
     got = _check(config, tmp_path / "out")
