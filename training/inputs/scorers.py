@@ -100,9 +100,7 @@ class RewardFunctions:
                                          pool_of) for r, f in zip(refs, fields, strict=True)]
         self.role, self.field = "reward function", "reward.ref"
         self.text = ", ".join(f.text for f in self.functions)
-        self.code_hash = (self.functions[0].code_hash if len(self.functions) == 1 else
-                          _text_hash(",".join(f"{f.code_hash}*{w!r}" for f, w in zip(self.functions, self.weights,
-                                                                                    strict=True))))
+        self.code_hash = combined_hash([f.code_hash for f in self.functions], self.weights)
         names = [f.text.rpartition(":")[2] for f in self.functions]
         self.names = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
 
@@ -132,9 +130,13 @@ class RewardFunctions:
         return out
 
 
-def _text_hash(text: str) -> str:
+def combined_hash(hashes: list[str], weights: list[float]) -> str:
+    """The code hash of a reward: its function's, or for a list one hash of every function's and weight."""
     import hashlib
 
+    if len(hashes) == 1:
+        return hashes[0]
+    text = ",".join(f"{h}*{float(w)!r}" for h, w in zip(hashes, weights, strict=True))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -235,3 +237,37 @@ def check_defined(ref: Any) -> None:
     defined = sorted(n for n in names if not n.startswith("_"))
     raise BadInput(f"{ref.field}: {Path(ref.file).name} defines no {ref.name!r} at its top level (it defines: "
                    f"{', '.join(defined) or 'nothing'}); give FILE.py:NAME of one of its functions")
+
+
+def check_signature(ref: Any, columns: list[str]) -> None:
+    """BadInput (before any work) when a FILE.py ref's function, read with `ast`, cannot be called as TRL calls a
+    reward function with the job's `columns` (training/inputs/tenant_worker.py `signature_problem`: it must take
+    `**kwargs` or name every keyword, and need nothing else). A decorated function, or a name bound otherwise, is left
+    to the worker's own check when the job starts."""
+    import ast
+
+    from common.errors import BadInput
+    from training.inputs.tenant_worker import signature_problem
+
+    if ref.file is None:
+        return
+    try:
+        tree = ast.parse(Path(ref.file).read_bytes())
+    except (SyntaxError, ValueError):
+        return  # check_defined says so
+    found = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == ref.name]
+    if not found or found[-1].decorator_list:
+        return
+    a = found[-1].args
+    positional = [*a.posonlyargs, *a.args]
+    defaults = [False] * (len(positional) - len(a.defaults)) + [True] * len(a.defaults)
+    params = [(p.arg, "POSITIONAL_ONLY" if i < len(a.posonlyargs) else "POSITIONAL_OR_KEYWORD", d)
+              for i, (p, d) in enumerate(zip(positional, defaults, strict=True))]
+    if a.vararg:
+        params.append((a.vararg.arg, "VAR_POSITIONAL", True))
+    params += [(p.arg, "KEYWORD_ONLY", d is not None) for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)]
+    if a.kwarg:
+        params.append((a.kwarg.arg, "VAR_KEYWORD", True))
+    problem = signature_problem(ref.name, params, columns)
+    if problem:
+        raise BadInput(f"{ref.field}: {Path(ref.file).name}: {problem}")
