@@ -218,7 +218,6 @@ class TenantFunctionPool:
         launch = Launch(self.sandbox, self.cwd, self.log_dir, self.memory_mb, self.env, self._extra_ro)
         if self.sandbox == "bwrap":
             # bwrap refusing to set up (a mount, a namespace) is the platform's fault, never the tenant's: ask it once
-            os.chmod(self.log_dir, 0o777)  # noqa: S103 (the sandbox's user writes its logs; the folder is private)
             try:
                 sandboxes.check_argv(sandboxes.argv(launch.bwrap, cwd=self.cwd, log_dir=self.log_dir,
                                                     scratch_mb=self.memory_mb, env=self.env, extra_ro=self._extra_ro))
