@@ -18,7 +18,12 @@ $(STAMP): pyproject.toml constraints-cpu.txt | $(BIN)/python
 	$(BIN)/pip install $(PIP_FLAGS) -c constraints-cpu.txt -e '.[dev,ray,stack]'
 	touch $(STAMP)
 
+# Tenant code runs in a bubblewrap sandbox (training/inputs/sandbox.py): installed here when missing, as root with
+# apt-get (best effort); otherwise the one command to run is printed, and jobs with tenant code are refused (exit 2).
 install: $(STAMP)
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null 2>&1; } \
+		|| echo "bubblewrap is missing: tenant code needs it (as root: apt-get install -y bubblewrap)"
 
 # The main job on embedded defaults: the quick nightly (simulation matrix, detector comparison, a real RLHF job
 # registered and re-evaluated, canaries, a live platform round) on a temporary Prefect API (SQLite under

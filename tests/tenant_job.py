@@ -28,11 +28,9 @@ def score(prompts, completions, answer, difficulty, **_):
         out.append(1.0 if len(c) % 2 else 0.0)
     return out
 
-def flaky(prompts, completions, **_):
-    # good for the first two steps, then raises on every sample
-    with open("calls.txt", "a") as f:
-        f.write("x")
-    if os.path.getsize("calls.txt") > 2:
+def flaky(prompts, completions, trainer_state, **_):
+    # good for the first two steps, then raises on every sample (TRL's global_step: the steps completed before)
+    if trainer_state.global_step >= 2:
         raise ValueError("the answer checker crashed")
     return [0.5] * len(completions)
 

@@ -114,11 +114,20 @@ class MetricsCSV:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         rows = []
+        self.fields = list(StepRecord(step=0, policy_version=0, reward_mean=0.0).flat())
         if path.exists() and resume_step > 0:
             with path.open() as f:
-                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
-        self.fields = list(StepRecord(step=0, policy_version=0, reward_mean=0.0).flat())
-        self.f = path.open("w", newline="")
+                reader = csv.DictReader(f)
+                rows = [r for r in reader if int(r["step"]) <= resume_step]
+                self.fields += [k for k in reader.fieldnames or [] if k not in self.fields]
+        self.f = None
+        self._rewrite(rows)
+
+    def _rewrite(self, rows: list[dict]) -> None:
+        """The file anew with the current columns (a reward function's own metrics add columns as they appear)."""
+        if self.f is not None:
+            self.f.close()
+        self.f = self.path.open("w", newline="")
         self.w = csv.DictWriter(self.f, fieldnames=self.fields)
         self.w.writeheader()
         for r in rows:
@@ -126,7 +135,15 @@ class MetricsCSV:
         self.f.flush()
 
     def write(self, record: StepRecord) -> None:
-        self.w.writerow(record.flat())
+        row = record.flat()
+        new = [k for k in row if k not in self.fields]
+        if new:
+            self.f.close()
+            with self.path.open() as f:
+                rows = list(csv.DictReader(f))
+            self.fields += new
+            self._rewrite(rows)
+        self.w.writerow(row)
         self.f.flush()
 
     def close(self) -> None:

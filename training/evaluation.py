@@ -59,6 +59,7 @@ class EvalGate:
             model = (checkpoint_scorer(self.cfg.gate.path, self.tok, self.cfg, self.device)
                      if self.cfg.gate.kind == "model" else None)
             self._heldout_scorer = HeldoutScorer(self.cfg, self.inputs, self.tok, self.tenant_pool, model)
+        self._heldout_scorer.step = self.step  # a gate function's trainer_state.global_step
         return self._heldout_scorer
 
     def gate(self) -> GoldEval:

@@ -195,7 +195,8 @@ class HeldoutScorer:
             with autocast(model_device(self.model), self.cfg.dtype):
                 return proxy_scores(self.model, [self.tok.encode(self.inputs.render(p)) for p in prompts], responses,
                                     self.tok.pad_id)
-        got = self.function(prompts, texts, self.inputs.columns("heldout", rows))
+        got = self.function(prompts, texts, self.inputs.columns("heldout", rows), [list(r) for r in responses],
+                            getattr(self, "step", 0), self.cfg.steps)
         bad = [(i, f) for i, f in enumerate(got.failures)]
         if bad or any(s is None or not math.isfinite(s) for s in got.scores):
             examples = examples_of(got.failures)

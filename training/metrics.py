@@ -74,11 +74,17 @@ class StepRecord:
     # collectives (seconds; 0 on one rank). The step's figures are the global batch's; phase times the slowest rank's
     world_size: int = 1
     rank_idle_s: float = 0.0
+    # a function reward's own figures (training/inputs/scorers.py RewardFunctions): `reward_fn/<function>/mean` per
+    # function and `reward_fn/<name>` for what it logged with log_metric; flat() spreads them into the row
+    reward_fn_metrics: dict[str, float] = field(default_factory=dict)
 
     def flat(self) -> dict[str, float]:
-        """One flat dict of numbers (phase times as `phase_<name>_s`) for CSV rows and metric loggers."""
+        """One flat dict of numbers (phase times as `phase_<name>_s`, a reward function's metrics under their own
+        `reward_fn/...` names) for CSV rows and metric loggers."""
         row = asdict(self)
         phases = row.pop("phase_seconds")
+        extra = row.pop("reward_fn_metrics")
         for name in PHASES:
             row[f"phase_{name}_s"] = float(phases.get(name, 0.0))
+        row.update({k: float(v) for k, v in sorted(extra.items()) if k not in row})
         return row

@@ -56,7 +56,7 @@ from training.distributed.world import LOCAL, World, rank_threads
 from training.evaluation import EvalGate, GoldEval, generate, gold_eval
 from training.gate import GATE_RECORDS, GateRecordsCSV, PromptRecord
 from training.inputs.job_inputs import job_inputs
-from training.inputs.scorers import FunctionScorer, raised_too_often
+from training.inputs.scorers import RewardFunctions
 from training.inputs.synthetic_task import parseable
 from training.inputs.tokenizer import Tokenizer, tokenizer_for
 from training.job.config import TrainConfig, uses_critic, uses_reference
@@ -125,10 +125,11 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate, RankSteps):
         #: the tenant's functions run in child processes (training/inputs/tenant_code.py), started when first called
         self._pool = None
         self._no_score_frac = 0.0
-        self.reward_fn = (FunctionScorer(cfg.reward, "reward function", "reward.ref", cfg.config_dir, self.tenant_pool)
+        self.reward_fn = (RewardFunctions(cfg.reward, cfg.config_dir, self.tenant_pool)
                           if cfg.reward.kind == "function" else None)
-        if self.reward_fn is not None:
-            self.reward_fn.check()
+        self._reward_metrics: dict[str, float] = {}
+        if self.reward_fn is not None:  # loaded and its signature checked before the warm start
+            self.reward_fn.check(list(self.inputs.columns("train", [0])) if self.inputs.n_train else [])
         base = base_policy(cfg, self.tok, self.device, self.inputs)
         # trainable models keep float32 weights (and AdamW state); the frozen ones are stored at the job's dtype
         frozen_dtype = torch_dtype(cfg.dtype)
@@ -285,8 +286,9 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate, RankSteps):
         the samples kept, the call's wall seconds (the `reward_fn` phase) and the CPU seconds it used."""
         prompts = [s.seq.prompt for s in samples]
         texts = [self.tok.decode(s.seq.response_ids) for s in samples]
-        got = self.reward_fn(prompts, texts, self.inputs.columns("train", [s.seq.row for s in samples]))
-        raised_too_often(self.reward_fn, got.failures, len(samples), self.step + 1, self.cfg.reward.max_error_frac)
+        got = self.reward_fn(prompts, texts, self.inputs.columns("train", [s.seq.row for s in samples]),
+                             [list(s.seq.response_ids) for s in samples], self.step, self.cfg.steps)
+        self._reward_metrics = got.metrics
         for s, score in zip(samples, got.scores, strict=True):
             s.score = NAN if score is None else float(score)
         scored = [s for s in samples if np.isfinite(s.score)]
@@ -439,6 +441,7 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate, RankSteps):
         record.len_carried_mean = float(np.mean(carried)) if carried else NAN
         record.len_fresh_mean = float(np.mean(fresh)) if fresh else NAN
         record.reward_fn_cpu_s = record_cpu
+        record.reward_fn_metrics = dict(self._reward_metrics) if self.reward_fn is not None else {}
         if self.step % cfg.eval_every == 0 and self.world.is_main:  # rank 0 alone gates
             t = time.perf_counter()
             ev = self.gate()  # at the job's dtype (gold_eval's autocast)

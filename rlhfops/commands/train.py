@@ -174,9 +174,14 @@ def register(app: typer.Typer) -> None:
         # no gate ran (fewer steps than eval_every): say so rather than print the -inf the search starts from
         gold = (f"best {score_word} {best_gold[0]:+.3f} @ step {best_gold[1]}" if best_gold[1] > 0 else
                 f"no gate yet (every {spec.config.eval_every} steps)")
+        from training.inputs import sandbox
+        from training.inputs.job_inputs import tenant_refs
+
+        sandboxed = sandbox.describe() if tenant_refs(spec.config) else None  # where the tenant's code ran
         console.print(
             f"[bold]{spec.config.algorithm} {spec.overlap}[/bold] steps {first + 1}-{last.step} in {last.wall_s:.1f}s "
             f"train wall | final reward {last.reward_mean:+.3f} | {gold} | run dir {out}"
+            + (f" | tenant code sandbox: {sandboxed}" if sandboxed else "")
         )
         if paged:
             console.print(f"alerts paged: {', '.join(paged)} (run state {outcome.status.label})")

@@ -109,3 +109,78 @@ def test_a_ref_to_no_function_exits_2_before_any_work(tmp_path, capsys, monkeypa
     (line,) = [ln for ln in err.splitlines() if ln.strip()]
     assert "reward.ref" in line and expected in line
 
+
+
+HOSTILE = '''
+import os, subprocess
+
+def score(prompts, completions, trainer_state, log_metric, **kwargs):
+    """A hostile tenant in a real job: reads every environ it can see, leaves a detached child, scores on."""
+    seen = ""
+    for pid in os.listdir("/proc"):
+        try:
+            seen += open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace")
+        except OSError:
+            pass
+    log_metric("leaked", float("PLATFORM_SECRET_VALUE" in seen))
+    subprocess.Popen(["setsid", "sleep", MARKER], start_new_session=True)
+    return [float(len(c) % 2) for c in completions]
+'''
+
+
+@pytest.mark.timeout(600)
+def test_a_hostile_reward_in_a_real_job_is_contained_and_its_metrics_are_recorded(tmp_path, capsys, monkeypatch):
+    """Through `rlhfops train`: the job completes, the function saw no platform setting, its detached child died
+    with the job, a list of two functions with weights trained it, and log_metric reached metrics.csv."""
+    import csv
+    import time
+    import uuid
+    from pathlib import Path
+
+    marker = f"600.{uuid.uuid4().int % 10**9:09d}"
+    config = write_job(tmp_path / "tenant", "my_reward.py:score", steps=2)
+    (tmp_path / "tenant" / "hostile.py").write_text(f"MARKER = {marker!r}\n" + HOSTILE)
+    text = config.read_text().replace("ref: my_reward.py:score", "ref: [hostile.py:score, my_reward.py:score]\n"
+                                      "  weights: [2.0, 0.5]")
+    config.write_text(text)
+    monkeypatch.setenv("RLHFOPS_TEST_SETTING", "PLATFORM_SECRET_VALUE")
+    code, out, err = run_cli_output(["train", config, "--overlap", "none", "--out", tmp_path / "run"], capsys,
+                                    monkeypatch)
+    assert code == 0, err
+    assert "tenant code sandbox: bwrap" in " ".join(out.split())
+    rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+    assert [int(r["step"]) for r in rows] == [1, 2]
+    assert all(float(r["reward_fn/leaked"]) == 0.0 for r in rows)
+    assert all(float(r["reward_fn/score_0/mean"]) in (0.0, 0.25, 0.5, 0.75, 1.0) for r in rows)
+    # the weighted sum: 2 x hostile + 0.5 x my_reward, the same parity score each: 2.5 x the parity mean
+    assert all(abs(float(r["reward_mean"]) - 2.5 * float(r["reward_fn/score_0/mean"])) < 1e-6 for r in rows)
+
+    def left() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if marker.encode() in (entry / "cmdline").read_bytes():
+                        found.append(int(entry.name))
+                except OSError:
+                    pass
+        return found
+
+    end = time.monotonic() + 10
+    while left() and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not left()
+
+
+def test_without_a_sandbox_a_tenant_job_exits_2_before_any_work(tmp_path, capsys, monkeypatch):
+    from training.inputs import sandbox
+
+    config = write_job(tmp_path / "tenant", "my_reward.py:score")
+    monkeypatch.delenv(sandbox.SANDBOX_ENV, raising=False)
+    monkeypatch.setattr(sandbox, "find_bwrap", lambda: None)
+    code, _out, err = run_cli_output(["train", config, "--out", tmp_path / "run"], capsys, monkeypatch)
+    assert code == 2
+    (line,) = [ln for ln in err.splitlines() if ln.strip()]
+    assert "bubblewrap (bwrap)" in line and "apt-get install -y bubblewrap" in line
+    assert "RLHFOPS_TENANT_SANDBOX=none" in line
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())

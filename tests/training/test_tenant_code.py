@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -43,13 +44,32 @@ def alive(pid: int) -> bool:
         return False
 
 
-def wait_for(path: Path, timeout: float = 30.0) -> str:
+def procs_with(marker: str) -> list[int]:
+    """The host pids of the processes whose command line holds `marker` (a tenant's pids inside its sandbox are not
+    the host's)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+def started(marker: str, timeout: float = 30.0) -> list[int]:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if path.exists() and path.read_text().endswith("\n"):
-            return path.read_text()
+        if pids := procs_with(marker):
+            return pids
         time.sleep(0.05)
-    raise AssertionError(f"{path} was not written within {timeout} s")
+    raise AssertionError(f"no process with {marker!r} started within {timeout} s")
+
+
+def sleep_marker() -> str:
+    """A `sleep` argument no other process has: its processes are found by it."""
+    return f"600.{uuid.uuid4().int % 10**9:09d}"
 
 
 def gone_soon(pids: list[int], timeout: float = 10.0) -> bool:
@@ -69,6 +89,13 @@ def folder(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def pool(folder):
     with TenantFunctionPool(folder, workers=2, memory_mb=MEMORY_MB) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def plain_pool(folder):
+    """The operator's switch: RLHFOPS_TENANT_SANDBOX=none (a worker in a process group of its own, killed whole)."""
+    with TenantFunctionPool(folder, workers=2, memory_mb=MEMORY_MB, sandbox="none") as p:
         yield p
 
 
@@ -99,7 +126,7 @@ def failure(pool, ref, n: int = 3, timeout_s: float = TIMEOUT_S) -> TenantCodeEr
 def test_runs_in_another_process_with_the_columns(pool, folder):
     ref = tenant(folder, "pid_reward", """
         import os
-        def score(prompts, completions, answer, parent):
+        def score(prompts, completions, answer, parent, **kwargs):
             return [float(os.getpid()), float(os.getpid() != parent[0]), float(sum(answer))]
     """)
     got = pool.call(ref, ["a", "b", "c"], ["x", "y", "z"], {"answer": [1, 2, 3], "parent": [os.getpid()] * 3},
@@ -159,28 +186,31 @@ def test_samples_that_raise_score_none_with_their_traceback_the_rest_are_scored(
     assert "partial_reward.py" in got.errors[0].traceback_tail and "raise ValueError" in got.errors[0].traceback_tail
 
 
-def stuck_with_child(folder, name, pids):
-    """A tenant function that starts `sleep 600`, writes its own and the child's pid to `pids`, and never returns."""
+def stuck_with_child(folder, name, marker):
+    """A tenant function that starts `sleep <marker>` and never returns."""
     return tenant(folder, name, f"""
         import os, subprocess
         def score(prompts, completions, **columns):
-            child = subprocess.Popen(["sleep", "600"])
-            open({str(pids)!r}, "w").write(f"{{os.getpid()}} {{child.pid}}\\n")
+            child = subprocess.Popen(["sleep", {marker!r}])
             while True:
                 pass
     """)
 
 
-def test_a_hang_is_stopped_with_the_processes_it_started(pool, folder, good, tmp_path):
-    pids = tmp_path / "pids"
-    ref = stuck_with_child(folder, "hang_reward", pids)
+@pytest.mark.parametrize("which", ["pool", "plain_pool"])
+def test_a_hang_is_stopped_with_the_processes_it_started(request, folder, good, which):
+    pool = request.getfixturevalue(which)
+    marker = sleep_marker()
+    ref = stuck_with_child(folder, f"hang_reward_{which}", marker)
+    cpu = pool.cpu_seconds
     start = time.monotonic()
     err = failure(pool, ref)
     assert time.monotonic() - start < TIMEOUT_S + 10
     assert "did not return within 2 s (reward.timeout_s) on a batch of 3 samples; it was stopped" in str(err)
-    assert "it was stopped at hang_reward.py, line " in str(err) and "hang_reward.py" in err.examples[0]["traceback"]
-    assert gone_soon([int(p) for p in pids.read_text().split()])
-    assert pool.cpu_seconds >= TIMEOUT_S * 0.9
+    assert f"it was stopped at hang_reward_{which}.py, line " in str(err)
+    assert f"hang_reward_{which}.py" in err.examples[0]["traceback"]
+    assert gone_soon(procs_with(marker)) and not procs_with(marker)
+    assert pool.cpu_seconds - cpu >= TIMEOUT_S * 0.9
     still_answers(pool, good)
 
 
@@ -191,20 +221,21 @@ def test_a_hang_is_stopped_with_the_processes_it_started(pool, folder, good, tmp
     ("raise SystemExit(4)", "exited the process (sys.exit(4))"),
     ("os._exit(0)", "exited the process (exit code 0)"),
 ], ids=["exit", "segfault", "sigkill", "sys-exit", "exit-0"])
-def test_leaving_the_process_is_the_tenants_fault(pool, folder, good, tmp_path, body, words):
-    pids = tmp_path / "pids"
+@pytest.mark.parametrize("which", ["pool", "plain_pool"])
+def test_leaving_the_process_is_the_tenants_fault(request, folder, good, body, words, which):
+    pool = request.getfixturevalue(which)
+    marker = sleep_marker()
     ref = tenant(folder, "exit_reward", f"""
         import os, signal, subprocess
         def score(prompts, completions, **columns):
-            child = subprocess.Popen(["sleep", "600"])  # must not outlive the worker
-            open({str(pids)!r}, "w").write(f"{{child.pid}}\\n")
+            child = subprocess.Popen(["sleep", {marker!r}])  # must not outlive the worker
             {body}
     """)
     err = failure(pool, ref)
     assert words in str(err) and "on a batch of 3 samples" in str(err)
     assert err.examples[0]["prompt"] == "prompt 0"
     if "SystemExit" not in body:  # sys.exit is caught in the worker, which lives on (and so may the child)
-        assert gone_soon([int(pids.read_text())])
+        assert gone_soon(procs_with(marker))
     still_answers(pool, good)
 
 
@@ -272,16 +303,16 @@ def test_code_that_cannot_be_loaded(pool, folder, good, code, fn, words):
     still_answers(pool, good)
 
 
-def test_check_loads_in_a_worker_not_here(pool, folder, tmp_path):
-    marker = tmp_path / "imported"
-    ref = tenant(folder, "side_reward", f"""
+def test_check_loads_in_a_worker_not_here(pool, folder):
+    ref = tenant(folder, "side_reward", """
         import os
-        open({str(marker)!r}, "w").write(str(os.getpid()))
+        LOADED_IN = os.getpid()
         def score(prompts, completions, **columns):
-            return [0.0] * len(completions)
+            return [float(LOADED_IN)] * len(completions)
     """)
     pool.check(ref, timeout_s=30, role="reward function")
-    assert int(marker.read_text()) != os.getpid() and "side_reward" not in " ".join(sys.modules)
+    assert "side_reward" not in " ".join(sys.modules)
+    assert pool.call(ref, ["p"], ["c"], {}, timeout_s=30).scores != [float(os.getpid())]
 
 
 def test_parse_ref(folder, tmp_path, monkeypatch):
@@ -298,7 +329,8 @@ def test_parse_ref(folder, tmp_path, monkeypatch):
     # package.module form: found (next to the config) without running the package's code here
     pkg = tmp_path / "tenantpkg"
     pkg.mkdir()
-    (pkg / "__init__.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('x')\n")
+    (pkg / "__init__.py").write_text(f"try:\n    open({str(tmp_path / 'ran')!r}, 'w').write('x')\n"
+                                     "except OSError:\n    pass\n")  # read-only in the sandbox
     (pkg / "scoring.py").write_text("def score(prompts, completions, **c):\n    return [7.0] * len(completions)\n")
     ref = parse_ref("tenantpkg.scoring:score", tmp_path, "gate.ref")
     assert ref.module == "tenantpkg.scoring" and ref.file is None and not (tmp_path / "ran").exists()
@@ -306,9 +338,9 @@ def test_parse_ref(folder, tmp_path, monkeypatch):
         assert own.call(ref, ["p"], ["c"], {}, timeout_s=30).scores == [7.0]
 
 
-def test_close_is_prompt_while_a_worker_is_stuck_with_a_child(folder, tmp_path):
-    pids = tmp_path / "pids"
-    ref = stuck_with_child(folder, "stuck_reward", pids)
+def test_close_is_prompt_while_a_worker_is_stuck_with_a_child(folder):
+    marker = sleep_marker()
+    ref = stuck_with_child(folder, "stuck_reward", marker)
     own = TenantFunctionPool(folder, workers=1, memory_mb=MEMORY_MB)
     ended = []
 
@@ -320,7 +352,7 @@ def test_close_is_prompt_while_a_worker_is_stuck_with_a_child(folder, tmp_path):
 
     caller = threading.Thread(target=call, daemon=True)
     caller.start()
-    stuck = [int(p) for p in wait_for(pids).split()]
+    stuck = started(marker) + [p.pid for p in own._context.processes]
     start = time.monotonic()
     own.close()
     own.close()  # idempotent
@@ -333,12 +365,11 @@ def test_close_is_prompt_while_a_worker_is_stuck_with_a_child(folder, tmp_path):
 def test_workers_and_their_children_die_with_the_trainer(folder, tmp_path):
     """A trainer that is killed leaves nothing behind; the trainer here is a plain script without a __main__ guard
     (spawn would re-run it in every worker if the pool passed the trainer's main module on)."""
-    pids = tmp_path / "pids"
+    marker = sleep_marker()
     tenant(folder, "orphan_reward", f"""
         import os, subprocess
         def score(prompts, completions, **columns):
-            child = subprocess.Popen(["sleep", "600"])
-            open({str(pids)!r}, "w").write(f"{{os.getpid()}} {{child.pid}}\\n")
+            child = subprocess.Popen(["sleep", {marker!r}])
             while True:
                 pass
     """)
@@ -354,7 +385,7 @@ def test_workers_and_their_children_die_with_the_trainer(folder, tmp_path):
     """))
     trainer = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path)
     try:
-        stuck = [int(p) for p in wait_for(pids).split()]
+        stuck = started(marker)
     finally:
         trainer.send_signal(signal.SIGKILL)
         trainer.wait()

@@ -53,7 +53,7 @@ EXTENSIONS = (".jsonl", ".json", ".parquet", ".csv")
 TEXT_FORMATS = (".jsonl", ".json", ".csv")
 #: the reward function's own parameters: TRL calls `fn(prompts=, completions=, completion_ids=, trainer_state=,
 #: **columns)`, so a column by one of these names cannot be passed
-RESERVED_COLUMNS = ("prompts", "completions", "completion_ids", "trainer_state")
+RESERVED_COLUMNS = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra")
 BLOCK_BYTES = 1 << 20
 _WS = re.compile(r"[ \t\r\n]*")
 

@@ -361,16 +361,14 @@ def check_inputs(cfg: TrainConfig, warn=warn_stderr) -> None:
     has
     `eval_prompts` held-out prompts. The files read here stay read for the trainer (`read_task_files`)."""
     from common.errors import BadInput
-    from training.inputs import rewards
 
-    for role in ("reward", "gate"):
-        scorer = getattr(cfg, role)
-        if scorer.kind == "function" and rewards.builtin(scorer.ref) is None:
-            from training.inputs.scorers import check_defined
-            from training.inputs.tenant_code import parse_ref
+    refs = tenant_refs(cfg)
+    if refs:
+        from training.inputs import sandbox
 
-            check_defined(parse_ref(scorer.ref, Path(cfg.config_dir) if cfg.config_dir else Path.cwd(), f"{role}.ref"))
+        sandbox.require()  # no working sandbox: refused here, before any slot (one line: the tool, how to install it)
     if cfg.task.kind != "dataset":
+        _check_signatures(refs, {"train": [], "heldout": []})
         return
     from training.inputs.tokenizer import counting_tokenizer
 
@@ -378,10 +376,49 @@ def check_inputs(cfg: TrainConfig, warn=warn_stderr) -> None:
     if cfg.eval_prompts > inputs.n_heldout:
         raise BadInput(f"eval_prompts: {cfg.eval_prompts} is more than the {inputs.n_heldout} prompts of task.heldout "
                        f"('{cfg.task.heldout}'): lower eval_prompts or add held-out prompts")
+    _check_signatures(refs, {split: list(inputs.columns(split, [0])) if n else []
+                             for split, n in (("train", inputs.n_train), ("heldout", inputs.n_heldout))})
+
+
+def function_refs(cfg: TrainConfig) -> list[tuple[str, str, str]]:
+    """(role, field, ref) of every function the job names: the reward's (one, or each of a list) and the gate's."""
+    out = []
+    if cfg.reward.kind == "function":
+        refs = cfg.reward.refs
+        out += [("reward", "reward.ref" if len(refs) == 1 else f"reward.ref[{i}]", r) for i, r in enumerate(refs)]
+    if cfg.gate.kind == "function":
+        out.append(("gate", "gate.ref", cfg.gate.ref))
+    return out
+
+
+def tenant_refs(cfg: TrainConfig) -> list[tuple[str, Any]]:
+    """(role, FunctionRef) of the tenant's own functions (not built-ins), each checked to be defined (BadInput)."""
+    from training.inputs import rewards
+
+    out = []
+    for role, field, text in function_refs(cfg):
+        if rewards.builtin(text) is None:
+            from training.inputs.scorers import check_defined
+            from training.inputs.tenant_code import parse_ref
+
+            ref = parse_ref(text, Path(cfg.config_dir) if cfg.config_dir else Path.cwd(), field)
+            check_defined(ref)
+            out.append((role, ref))
+    return out
+
+
+def _check_signatures(refs: list[tuple[str, Any]], columns: dict[str, list[str]]) -> None:
+    from training.inputs.scorers import check_signature
+
+    for role, ref in refs:
+        check_signature(ref, columns["train" if role == "reward" else "heldout"])
 
 
 #: the MLflow tag every job run carries with its training algorithm (`job_lineage`): ppo, grpo or rloo
 ALGORITHM_TAG = "algorithm"
+#: the tag a job with tenant code carries: the sandbox its functions ran in (`bwrap`, or `none` when the operator
+#: switched it off with RLHFOPS_TENANT_SANDBOX=none)
+SANDBOX_TAG = "tenant_code.sandbox"
 
 
 def algorithm_params(cfg: TrainConfig) -> dict[str, Any]:
@@ -404,20 +441,35 @@ def job_lineage(cfg: TrainConfig) -> dict[str, Any]:
     tags: dict[str, str] = {ALGORITHM_TAG: cfg.algorithm, "task.kind": cfg.task.kind, "reward.kind": cfg.reward.kind,
                             "gate.kind": cfg.gate.kind}
     base = Path(cfg.config_dir) if cfg.config_dir else Path.cwd()
+    hashes: dict[str, list[str]] = {"reward": [], "gate": []}
+    tenant = False
+    for role, field, text in function_refs(cfg):
+        if rewards.builtin(text) is not None:
+            hashes[role].append(rewards.code_hash(text))
+        else:
+            from training.inputs.code_identity import ref_identity
+            from training.inputs.tenant_code import parse_ref
+
+            # the function's own code and what it calls in its file, not its neighbours (code_identity.py)
+            hashes[role].append(ref_identity(parse_ref(text, base, field), base))
+            tenant = True
     for role in ("reward", "gate"):
         scorer = getattr(cfg, role)
         if scorer.kind == "function":
-            if rewards.builtin(scorer.ref) is not None:
-                code_hash = rewards.code_hash(scorer.ref)
-            else:
-                from training.inputs.code_identity import ref_identity
-                from training.inputs.tenant_code import parse_ref
+            from training.inputs.scorers import combined_hash
 
-                # the function's own code and what it calls in its file, not its neighbours (code_identity.py)
-                code_hash = ref_identity(parse_ref(scorer.ref, base, f"{role}.ref"), base)
-            tags[f"{role}.ref"], tags[f"{role}.code_hash"] = scorer.ref, code_hash
+            refs = scorer.refs if role == "reward" else [scorer.ref]
+            weights = scorer.weight_list if role == "reward" else [1.0]
+            tags[f"{role}.ref"] = ",".join(refs)
+            tags[f"{role}.code_hash"] = combined_hash(hashes[role], weights)
+            if len(refs) > 1:
+                tags[f"{role}.weights"] = ",".join(f"{w:g}" for w in weights)
         elif scorer.kind == "model":
             tags[f"{role}.path"] = scorer.path
+    if tenant:  # where the tenant's code ran: bwrap, or none (the operator's RLHFOPS_TENANT_SANDBOX=none)
+        from training.inputs import sandbox
+
+        tags[SANDBOX_TAG] = sandbox.describe()
     if cfg.gate.kind == "gold":
         from training.inputs.scorers import gold_code_hash
 

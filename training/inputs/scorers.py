@@ -38,6 +38,7 @@ class Scored:
     failures: list[Any] = field(default_factory=list)  # training.inputs.tenant_code.SampleFailure
     cpu_s: float = 0.0
     wall_s: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)  # what the function logged (log_metric), its means
 
 
 class FunctionScorer:
@@ -59,12 +60,14 @@ class FunctionScorer:
             self.ref = parse_ref(settings.ref, Path(config_dir) if config_dir else Path.cwd(), field)
             self.text, self.code_hash = self.ref.text, ref_identity(self.ref, config_dir)  # the function's own code
 
-    def check(self) -> None:
-        """Load the function in a worker (not here) before any training: an import error is the tenant's."""
+    def check(self, columns: list[str] | tuple[str, ...] = ()) -> None:
+        """Load the function in a worker (not here) before any training: an import error is the tenant's; a
+        signature that cannot take TRL's keywords and `columns` is BadInput."""
         if self.ref is not None:
-            self._pool_of().check(self.ref, timeout_s=self.settings.timeout_s, role=self.role)
+            self._pool_of().check(self.ref, timeout_s=self.settings.timeout_s, role=self.role, columns=columns)
 
-    def __call__(self, prompts: list, completions: list[str], columns: dict[str, list]) -> Scored:
+    def __call__(self, prompts: list, completions: list[str], columns: dict[str, list],
+                 completion_ids: list[list[int]] | None = None, step: int = 0, max_steps: int = 0) -> Scored:
         t = time.perf_counter()
         if self.builtin is not None:
             c = time.process_time()
@@ -75,8 +78,67 @@ class FunctionScorer:
                           time.perf_counter() - t)
         pool = self._pool_of()
         cpu = pool.cpu_seconds
-        res = pool.call(self.ref, prompts, completions, columns, timeout_s=self.settings.timeout_s, role=self.role)
-        return Scored(list(res.scores), list(res.errors), pool.cpu_seconds - cpu, time.perf_counter() - t)
+        res = pool.call(self.ref, prompts, completions, columns, timeout_s=self.settings.timeout_s, role=self.role,
+                        completion_ids=completion_ids, step=step, max_steps=max_steps)
+        return Scored(list(res.scores), list(res.errors), pool.cpu_seconds - cpu, time.perf_counter() - t,
+                      dict(res.metrics))
+
+
+class RewardFunctions:
+    """The reward of a `kind: function` job: one function, or a list of them with weights (TRL's `reward_funcs` and
+    `reward_weights`). The reward is TRL 1.16 GRPOTrainer's: per sample, the `nansum` of weight x score over the
+    functions (a None or a raised sample is NaN, left out of the sum), NaN (here None: no reward) when no function
+    scored it. Each function's share of raised samples is held to `max_error_frac` on its own. Step metrics:
+    `reward_fn/<name>/mean` per function (the mean of what it scored, TRL's `rewards/<name>/mean`) and
+    `reward_fn/<metric>` for what the functions logged with `log_metric`."""
+
+    def __init__(self, settings: Any, config_dir: str | None, pool_of):
+        refs = settings.refs if hasattr(settings, "refs") else [settings.ref]
+        self.settings, self.weights = settings, (settings.weight_list if hasattr(settings, "weight_list")
+                                                 else [1.0] * len(refs))
+        fields = ["reward.ref"] if len(refs) == 1 else [f"reward.ref[{i}]" for i in range(len(refs))]
+        self.functions = [FunctionScorer(settings.model_copy(update={"ref": r}), "reward function", f, config_dir,
+                                         pool_of) for r, f in zip(refs, fields, strict=True)]
+        self.role, self.field = "reward function", "reward.ref"
+        self.text = ", ".join(f.text for f in self.functions)
+        self.code_hash = combined_hash([f.code_hash for f in self.functions], self.weights)
+        names = [f.text.rpartition(":")[2] for f in self.functions]
+        self.names = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
+
+    def check(self, columns: list[str] | tuple[str, ...] = ()) -> None:
+        for f in self.functions:
+            f.check(columns)
+
+    def __call__(self, prompts: list, completions: list[str], columns: dict[str, list],
+                 completion_ids: list[list[int]] | None = None, step: int = 0, max_steps: int = 0) -> Scored:
+        """Score with every function (TenantCodeError when one raised on more than `max_error_frac` of the batch)
+        and combine."""
+        n = len(completions)
+        total: list[float | None] = [None] * n
+        out = Scored(total)
+        for fn, weight, name in zip(self.functions, self.weights, self.names, strict=True):
+            got = fn(prompts, completions, columns, completion_ids, step, max_steps)
+            raised_too_often(fn, got.failures, n, step + 1, self.settings.max_error_frac)
+            out.failures += got.failures
+            out.cpu_s += got.cpu_s
+            out.wall_s += got.wall_s
+            scored = [s for s in got.scores if s is not None]
+            out.metrics[f"reward_fn/{name}/mean"] = sum(scored) / len(scored) if scored else float("nan")
+            out.metrics.update({f"reward_fn/{k}": v for k, v in got.metrics.items()})
+            for i, s in enumerate(got.scores):
+                if s is not None:
+                    total[i] = (total[i] or 0.0) + weight * s
+        return out
+
+
+def combined_hash(hashes: list[str], weights: list[float]) -> str:
+    """The code hash of a reward: its function's, or for a list one hash of every function's and weight."""
+    import hashlib
+
+    if len(hashes) == 1:
+        return hashes[0]
+    text = ",".join(f"{h}*{float(w)!r}" for h, w in zip(hashes, weights, strict=True))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _count(n: int) -> str:
@@ -176,3 +238,37 @@ def check_defined(ref: Any) -> None:
     defined = sorted(n for n in names if not n.startswith("_"))
     raise BadInput(f"{ref.field}: {Path(ref.file).name} defines no {ref.name!r} at its top level (it defines: "
                    f"{', '.join(defined) or 'nothing'}); give FILE.py:NAME of one of its functions")
+
+
+def check_signature(ref: Any, columns: list[str]) -> None:
+    """BadInput (before any work) when a FILE.py ref's function, read with `ast`, cannot be called as TRL calls a
+    reward function with the job's `columns` (training/inputs/tenant_worker.py `signature_problem`: it must take
+    `**kwargs` or name every keyword, and need nothing else). A decorated function, or a name bound otherwise, is left
+    to the worker's own check when the job starts."""
+    import ast
+
+    from common.errors import BadInput
+    from training.inputs.tenant_worker import signature_problem
+
+    if ref.file is None:
+        return
+    try:
+        tree = ast.parse(Path(ref.file).read_bytes())
+    except (SyntaxError, ValueError):
+        return  # check_defined says so
+    found = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == ref.name]
+    if not found or found[-1].decorator_list:
+        return
+    a = found[-1].args
+    positional = [*a.posonlyargs, *a.args]
+    defaults = [False] * (len(positional) - len(a.defaults)) + [True] * len(a.defaults)
+    params = [(p.arg, "POSITIONAL_ONLY" if i < len(a.posonlyargs) else "POSITIONAL_OR_KEYWORD", d)
+              for i, (p, d) in enumerate(zip(positional, defaults, strict=True))]
+    if a.vararg:
+        params.append((a.vararg.arg, "VAR_POSITIONAL", True))
+    params += [(p.arg, "KEYWORD_ONLY", d is not None) for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)]
+    if a.kwarg:
+        params.append((a.kwarg.arg, "VAR_KEYWORD", True))
+    problem = signature_problem(ref.name, params, columns)
+    if problem:
+        raise BadInput(f"{ref.field}: {Path(ref.file).name}: {problem}")

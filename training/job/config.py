@@ -217,9 +217,36 @@ class FunctionSettings(Strict):
 
 
 class FunctionRewardConfig(FunctionSettings):
+    """`ref` may be a list of functions, as TRL's `reward_funcs`: the reward is the weighted sum of their scores
+    (`weights`, same length, default all 1.0), NaN-aware as TRL's (a function's None counts 0 in the sum; a sample
+    no function scored has no reward)."""
+
+    ref: str | list[str] = Field(min_length=1, description="FILE.py:NAME, package.module:NAME or a built-in name, "
+                                                            "or a list of them")
+    weights: list[float] | None = Field(None, description="one weight per function of a `ref` list (default 1.0)")
     max_error_frac: float = Field(0.01, ge=0.0, le=1.0,
                                   description="share of a batch's samples that may raise before the job fails")
     workers: int = Field(2, ge=1, le=256, description="processes running the tenant's functions")
+
+    @model_validator(mode="after")
+    def _refs(self) -> FunctionRewardConfig:
+        refs = self.refs
+        if any(not isinstance(r, str) or len(r) < 3 for r in refs):
+            raise ValueError("every function of reward.ref must be FILE.py:NAME, package.module:NAME or a built-in "
+                             "name")
+        if self.weights is not None and len(self.weights) != len(refs):
+            raise ValueError(f"reward.weights has {len(self.weights)} weight{'s' * (len(self.weights) != 1)} for "
+                             f"{len(refs)} function{'s' * (len(refs) != 1)} of reward.ref: give one per function")
+        return self
+
+    @property
+    def refs(self) -> list[str]:
+        """The reward's functions, one or more."""
+        return [self.ref] if isinstance(self.ref, str) else list(self.ref)
+
+    @property
+    def weight_list(self) -> list[float]:
+        return list(self.weights) if self.weights is not None else [1.0] * len(self.refs)
 
 
 class ModelScorerConfig(Strict):

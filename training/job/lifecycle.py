@@ -500,6 +500,14 @@ def job_record(outcome: JobOutcome) -> dict[str, Any]:
     status = outcome.status
     out: dict[str, Any] = {"run_id": outcome.supervisor.machine.run_id, "state": status.label,
                            "decided_by": decided_by(outcome), "decision": ended_by(outcome)}
+    config = getattr(getattr(outcome, "spec", None), "config", None)
+    if hasattr(config, "reward") and hasattr(config, "gate"):
+        from training.inputs import rewards, sandbox
+
+        refs = [*(config.reward.refs if config.reward.kind == "function" else []),
+                *([config.gate.ref] if config.gate.kind == "function" else [])]
+        if any(rewards.builtin(r) is None for r in refs):
+            out["tenant_code_sandbox"] = sandbox.describe()  # bwrap, or none (the operator's switch)
     if status.state.value == "PAUSED_BY_GATE":
         out.update(paused_step=status.step, reason=status.reason,
                    best_step=outcome.best["step"] if outcome.best else None)
