@@ -211,3 +211,15 @@ def test_a_batch_that_does_not_divide_over_the_ranks_is_bad_input(cache):
         check_world(tiny_config(cache, seed=0, n_heldout_prompts=8, sampling="stream"), 2)
     with pytest.raises(BadInput, match=r"^engine: "):
         check_world(tiny_config(cache, seed=0, n_heldout_prompts=8, engine="continuous"), 2)
+
+
+def test_a_reward_functions_figures_over_ranks_are_the_global_batchs():
+    """Oracle by hand: rank 0 scored 6 samples with a mean of 0.5 for `reward_fn/f/mean`, rank 1 scored 2 with 1.0:
+    the batch's mean is (6 x 0.5 + 2 x 1.0) / 8 = 0.625, not the ranks' plain mean 0.75 nor rank 0's 0.5. A name only
+    one rank logged, or logged as NaN by the other, is that rank's value."""
+    from training.distributed.ranks import reward_metrics_over_ranks
+
+    got = reward_metrics_over_ranks([({"reward_fn/f/mean": 0.5, "reward_fn/len": 3.0}, 6),
+                                     ({"reward_fn/f/mean": 1.0, "reward_fn/len": float("nan"), "reward_fn/x": 2.0}, 2)])
+    assert got == {"reward_fn/f/mean": 0.625, "reward_fn/len": 3.0, "reward_fn/x": 2.0}
+    assert reward_metrics_over_ranks([({}, 4), ({}, 4)]) == {}

@@ -94,7 +94,9 @@ class RankSteps:
         (tokens summed, seconds and decode steps the slowest rank's)."""
         parts = self.world.gather({"samples": samples, "deferred": out.deferred, "tokens": out.tokens_generated,
                                    "steps": out.decode_steps, "decode_s": out.decode_s, "score_s": out.score_s,
-                                   "scored": scored, "cpu_s": cpu_s})
+                                   "scored": scored, "cpu_s": cpu_s,
+                                   "reward_metrics": getattr(self, "_reward_metrics", {})})
+        self._reward_metrics = reward_metrics_over_ranks([(p["reward_metrics"], len(p["samples"])) for p in parts])
         samples = sorted((s for p in parts for s in p["samples"]), key=lambda s: s.seq.uid)
         deferred = sorted((q for p in parts for q in p["deferred"]), key=lambda q: q.uid)
         merged = RolloutResult(samples, deferred, sum(p["tokens"] for p in parts),
@@ -122,3 +124,17 @@ class RankSteps:
         if self.world.size == 1:
             return idx
         return [i for i in idx if samples[i].seq.rank == self.world.rank]
+
+
+def reward_metrics_over_ranks(parts: list[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """A reward function's figures of the whole batch from each rank's (its figures, its samples): each name's mean
+    over the ranks that reported it (a NaN is no report), weighted by their samples (a function's mean over its rank's
+    batch is then its mean over the global batch; a value the tenant logged is averaged as its batches were)."""
+    out: dict[str, float] = {}
+    for name in sorted({k for metrics, _ in parts for k in metrics}):
+        got = [(metrics[name], n) for metrics, n in parts
+               if name in metrics and n > 0 and not np.isnan(metrics[name])]
+        total = sum(n for _, n in got)
+        if total:
+            out[name] = sum(v * n for v, n in got) / total
+    return out
