@@ -28,7 +28,7 @@ from flows.nightly_check import (  # noqa: F401
     check_nightly,
     nightly_job_config,
 )
-from flows.params import CanaryName, ExperimentName, RunnerKind
+from flows.params import CanaryName, ExperimentName, RunnerKind, default_cache_dir
 from flows.platform_round import platform_round
 from flows.rlhf_job import rlhf_job
 from flows.simulate import experiment_params, gather_units, run_units_as_tasks, submit_units, track_experiment
@@ -333,7 +333,7 @@ def nightly_sweep(
     runner: RunnerKind = "thread",
     workers: int | None = None,
     out_dir: str = "results/nightly",
-    cache_dir: str = "runs/.cache",
+    cache_dir: str | None = None,
     mlflow_experiment: str = T.DEFAULT_EXPERIMENT,
     internals: JobInternals = JobInternals(),  # noqa: B008 - a pydantic default, never mutated
 ) -> NightlyResult:
@@ -373,13 +373,15 @@ def nightly_sweep(
         runner: where the simulation units run: thread (this process and its compute pool) or ray.
         workers: processes of the compute pool (empty: one per core).
         out_dir: where the nightly's CSVs, plots and report go.
-        cache_dir: warm-start cache of the small PPO jobs (tokenizer, SFT policy, reward model).
+        cache_dir: warm-start cache of the small PPO jobs (tokenizer, SFT policy, reward model); default the one
+            a config without cache_dir uses (RLHFOPS_CACHE_DIR, else ~/.cache/rlhfops/warm-starts).
         mlflow_experiment: MLflow experiment the runs go to.
         internals: chaos injection (a share of task attempts fails; retries with exponential backoff from
             `retry_delay_s` absorb them) and an MLflow run to nest under; the defaults are safe.
     """
     t_start = time.time()
     internals = parse_internals(internals)
+    cache_dir = cache_dir or default_cache_dir()
     plan: NightlyPlan = check_nightly(
         quick=quick, experiments=experiments, seeds=seeds, canaries=canaries, canary_steps=canary_steps, job=job,
         job_steps=job_steps, job_overrides=job_overrides, job_config=job_config, job_tenant=job_tenant,

@@ -67,7 +67,7 @@ def check_nightly(*, quick: bool = False, experiments: list[str] | None = None, 
                   platform_steps: int | None = None, sweep: bool = True,
                   sweep_spec: str = NIGHTLY_SWEEP_SPEC,
                   sweep_trials: int | None = None, runner: str = "thread", workers: int | None = None,
-                  out_dir: str | Path = "results/nightly", cache_dir: str = "runs/.cache",
+                  out_dir: str | Path = "results/nightly", cache_dir: str | None = None,
                   mlflow_experiment: str | None = None, bench: bool = False,
                   bench_config: str = NIGHTLY_BENCH_CONFIG, bench_baseline: str | None = NIGHTLY_BENCH_BASELINE,
                   bench_steps: int | None = None, bench_seeds: int | None = None) -> NightlyPlan:
@@ -105,6 +105,9 @@ def check_nightly(*, quick: bool = False, experiments: list[str] | None = None, 
     canary_steps = canary_steps or (60 if quick else 120)
     steps = job_steps or NIGHTLY_JOB_STEPS[quick]
     check_out_dir(out_dir, "out_dir")
+    from training.job.config import default_cache_dir
+
+    cache_dir = cache_dir or default_cache_dir()  # as a config without cache_dir: the same warm starts
     check_out_dir(cache_dir, "cache_dir")
     job_request, job_algorithm = None, ""
     if job:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, Valid
 from common.errors import BadInput
 
 # a job's choices live with its request (training/job/request.py): the overlap modes, the detectors, the alert profiles
+from training.job.config import default_cache_dir
 from training.job.request import (  # noqa: F401 - re-exported for the flows
     NAME_PATTERN,
     NAME_RULE,
@@ -105,7 +106,7 @@ def jobs_relative_to(jobs: Any, folder: str | Path) -> Any:
 
 def round_requests(jobs: list[Any], *, steps: int, slots: int, gpu_kind: str = "cpu", alerts: str | None = None,
                    alert_profile: str | None = None, out_dir: str = "results/platform",
-                   cache_dir: str = "runs/.cache", detector: Any = None, seed: int = 0) -> list[JobRequest]:
+                   cache_dir: str | None = None, detector: Any = None, seed: int = 0) -> list[JobRequest]:
     """A platform round's `jobs` as `JobRequest`s (each on the round's shared small config, or the tenant's own
     `config` file, for the round's steps; each job's run directory `out_dir/<tenant>/<name>`, its gate
     `detector`: the round scheduler's early-stop rule, `scheduler_gate`; None: no gate; the shared config's `seed`),
@@ -125,7 +126,8 @@ def round_requests(jobs: list[Any], *, steps: int, slots: int, gpu_kind: str = "
                            "(each job of a round needs its own run directory: rename one)")
         seen[job.tenant, job.name] = i
         job_steps = max(4, round(steps * float(job.steps_factor)))
-        config = job.config if job.config is not None else platform_job_config(job_steps, cache_dir, seed)
+        cache = cache_dir or default_cache_dir()  # as a config without cache_dir
+        config = job.config if job.config is not None else platform_job_config(job_steps, cache, seed)
         out.append(parse_request({"config": config, "overrides": job.overrides,
                                   "tenant": job.tenant, "name": job.name, "overlap": "full", "steps": job_steps,
                                   "gpus": job.gpus, "cluster_gpus": slots, "gpu_kind": gpu_kind, "detector": detector,

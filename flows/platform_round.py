@@ -42,6 +42,7 @@ from scheduling.live import LiveRound
 from tasks.timing import clock
 from tasks.tracking import parent_run
 from tasks.training import PrefectJobHooks
+from training.job.config import default_cache_dir
 from training.job.lifecycle import (
     JOB_DONE,
     decided_by,
@@ -179,7 +180,7 @@ def platform_round(
     alerts: str | None = None,
     alert_profile: str | None = None,
     out_dir: str = "results/platform",
-    cache_dir: str = "runs/.cache",
+    cache_dir: str | None = None,
     retry_delay_s: float = 1.0,
     mlflow_experiment: str = T.DEFAULT_EXPERIMENT,
     parent_run_id: str | None = None,
@@ -211,6 +212,7 @@ def platform_round(
     except ValueError as err:
         raise BadInput(f"scheduler: {err}") from None
     check_out_dir(out_dir, "out_dir")
+    cache_dir = cache_dir or default_cache_dir()
     requests = round_requests(jobs or DEFAULT_JOBS, steps=steps, slots=slots, gpu_kind=gpu_kind, alerts=alerts,
                               alert_profile=alert_profile, out_dir=out_dir, cache_dir=cache_dir, detector=gate,
                               seed=seed)
