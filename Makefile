@@ -22,7 +22,8 @@ $(STAMP): pyproject.toml constraints-cpu.txt | $(BIN)/python
 # apt-get (best effort); otherwise the one command to run is printed, and jobs with tenant code are refused (exit 2).
 install: $(STAMP)
 	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null 2>&1; } \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		bubblewrap; } >/dev/null 2>&1; } \
 		|| echo "bubblewrap is missing: tenant code needs it (as root: apt-get install -y bubblewrap)"
 
 # The main job on embedded defaults: the quick nightly (simulation matrix, detector comparison, a real RLHF job
