@@ -55,6 +55,9 @@ def test_a_baseline_trained_with_another_config_is_refused():
     other = load_config("configs/ppo-bench.yaml", {"oppo.torch_threads": 2, "ppo.kl_coef": 0.1})
     why = comparable(settings, {**same, "config": other.model_dump(mode="json")})
     assert why == "its training config has oppo.torch_threads = 2, this run's 1 (and 1 more)"
+    # where the warm starts are cached does not change how the bench ran (the default moved out of runs/.cache)
+    moved = load_config("configs/ppo-bench.yaml", {"cache_dir": "/elsewhere/warm-starts"})
+    assert comparable(settings, {**same, "config": moved.model_dump(mode="json")}) is None
     # a baseline without its config (a hand-made one) is compared on the settings alone
     assert comparable(settings, {k: v for k, v in same.items() if k != "config"}) is None
 

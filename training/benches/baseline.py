@@ -75,6 +75,7 @@ def _as_run(config: dict) -> dict:
     except ValidationError:
         config = dict(config)  # a field since removed: compared as written, and the difference named
     config.pop("config_dir", None)  # where the config file lay (a checkout's path), not how the bench ran
+    config.pop("cache_dir", None)  # where its warm starts are cached (the default moved out of runs/.cache), likewise
     if device is None or device == "auto":
         config["device"] = "cpu" if device is None or cuda_absent_reason() else "cuda"
     return config
