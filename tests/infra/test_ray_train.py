@@ -26,8 +26,8 @@ STEPS = 3
 PHASES = ("rollout", "score", "sync", "optim", "eval", "reward_fn")
 
 
-def _cfg(cache):
-    return tiny_config(cache, seed=0, n_heldout_prompts=8, sampling="keyed", steps=STEPS)
+def _cfg(cache, **over):
+    return tiny_config(cache, seed=0, n_heldout_prompts=8, sampling="keyed", steps=STEPS, **over)
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +85,40 @@ def test_the_rlhf_job_flow_with_two_gpus_on_the_ray_runner(cache, one_process, p
     by_hand = 2 * sum(float(r[f"phase_{p}_s"]) for r in rows for p in PHASES)
     assert ledger["gpu_seconds"] == pytest.approx(by_hand, abs=1e-5 * STEPS * len(PHASES))
     assert not ray.is_initialized()  # the job's head is gone with it
+
+
+@pytest.mark.slow
+def test_a_ray_rank_killed_once_restarts_the_job_from_its_checkpoint(cache, one_process, prefect_server,
+                                                                     mlflow_store, tmp_path, monkeypatch):
+    """Rank 1's Ray worker exits at the start of step 2 on the job's first start only: the job restarts (a fresh
+    Ray Train run on the same head), runs step 1 again without giving it twice, and ends SUCCEEDED with the
+    one-process run's rows; MLflow holds each step once and the ledger charges exactly those steps x 2 GPUs."""
+    import pandas as pd
+
+    from flows.rlhf_job import rlhf_job
+    from infra import tracking as T
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RLHFOPS_RAY_GPU_SLOTS", "2")
+    cfg = _cfg(cache, fault={"kind": "rank_exit", "rank": 1, "at_step": 1, "times": 1})
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude={"config_dir"}), sort_keys=False))
+    request = {"config": str(config), "tenant": "acme", "name": "ray-restart", "out_root": str(tmp_path / "jobs"),
+               "run_dir": ".", "detector": None, "gpus": 2, "cluster_gpus": 2, "runner": "ray",
+               "max_rank_restarts": 1}
+    state = rlhf_job(request=request, return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    out = tmp_path / "jobs"
+    assert summary["state"] == "SUCCEEDED" and summary["metrics"]["steps"] == STEPS
+    assert len(list(out.glob(".fault-rank_exit-rank1-*"))) == 1  # it fired once, and the job went on
+    _same_as(_rows(out / "metrics.csv"), one_process)
+    logged = {p: T.client().get_metric_history(summary["run_id"], f"phase_{p}_s") for p in PHASES}
+    assert sorted(m.step for m in logged["rollout"]) == list(range(1, STEPS + 1))
+    ledger = pd.read_csv(out / "ledger.csv").set_index("run_id").loc[summary["run_id"]]
+    assert int(ledger["steps"]) == STEPS
+    by_hand = 2 * sum(m.value for ms in logged.values() for m in ms)
+    assert ledger["gpu_seconds"] == pytest.approx(by_hand, abs=1e-5 * STEPS * len(PHASES))
 
 
 @pytest.mark.slow
