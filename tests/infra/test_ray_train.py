@@ -121,27 +121,50 @@ def test_a_ray_rank_killed_once_restarts_the_job_from_its_checkpoint(cache, one_
     assert ledger["gpu_seconds"] == pytest.approx(by_hand, abs=1e-5 * STEPS * len(PHASES))
 
 
-@pytest.mark.slow
-def test_two_ray_nodes_one_rank_on_each(cache, one_process, tmp_path):
-    """Two Ray nodes of one CPU each on this machine (`ray.cluster_utils.Cluster`), the ranks spread one per node:
-    the run's records are the one-process run's."""
+@pytest.fixture(scope="module")
+def two_nodes():
+    """Two Ray nodes of one CPU each on this machine (`ray.cluster_utils.Cluster`), this process their driver."""
     from ray.cluster_utils import Cluster
-
-    from infra.ray_train import RayRanks
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     try:
         cluster.add_node(num_cpus=1)
         ray.init(address=cluster.address, log_to_driver=False)
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2
-        ranks = RayRanks(_cfg(cache), "full", tmp_path / "run", 2, placement_strategy="SPREAD")
-        records = list(ranks.run())
-        assert len(set(ranks.nodes)) == 2, ranks.nodes  # one rank on each node
-        assert [r.step for r in records] == list(range(1, STEPS + 1))
-        _same_as(_rows(tmp_path / "run" / "metrics.csv"), one_process)
+        yield cluster
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.mark.slow
+def test_two_ray_nodes_one_rank_on_each(cache, one_process, two_nodes, tmp_path):
+    """The ranks spread one per node: the run's records are the one-process run's."""
+    from infra.ray_train import RayRanks
+
+    ranks = RayRanks(_cfg(cache), "full", tmp_path / "run", 2, placement_strategy="SPREAD")
+    records = list(ranks.run())
+    assert len(set(ranks.nodes)) == 2, ranks.nodes  # one rank on each node
+    assert [r.step for r in records] == list(range(1, STEPS + 1))
+    _same_as(_rows(tmp_path / "run" / "metrics.csv"), one_process)
+
+
+@pytest.mark.slow
+def test_a_stop_between_steps_ends_every_rank_after_that_step(cache, two_nodes, tmp_path):
+    """The driver stops the run after step 2 of 3 and takes its time first (a supervisor's verdict, an MLflow
+    write): rank 0 waits for its word, so no rank trains step 3; the run directory ends at step 2."""
+    import time
+
+    from infra.ray_train import RayRanks
+
+    out = tmp_path / "run"
+    run = RayRanks(_cfg(cache), "full", out, 2, placement_strategy="SPREAD").run()
+    assert [next(run).step, next(run).step] == [1, 2]
+    time.sleep(8.0)  # several steps' time for a rank 0 that did not wait
+    run.close()
+    assert [int(r["step"]) for r in _rows(out / "metrics.csv")] == [1, 2]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000002"]
+    assert (out / "summary.json").is_file()
 
 
 # ------------------------------------------------------------------------------------ naming a failed run's rank
