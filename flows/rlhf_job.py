@@ -45,6 +45,7 @@ def fresh_run_dir(out: Path) -> None:
     import shutil
 
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    shutil.rmtree(out / "ray-train", ignore_errors=True)  # Ray Train's own records of a runner: ray job
     for name in ("metrics.csv", "summary.json", "scores.json", "ledger.csv", JOB_DONE, TENANT_ERRORS):
         (out / name).unlink(missing_ok=True)
     for marker in out.glob(".fault-*"):  # a fault canary's record of the starts it fired on

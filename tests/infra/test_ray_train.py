@@ -59,10 +59,12 @@ def _rows(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_the_rlhf_job_flow_with_two_gpus_on_the_ray_runner(cache, one_process, prefect_server, mlflow_store,
-                                                           tmp_path, monkeypatch):
+@pytest.mark.parametrize("runner", ["ray", "thread"])
+def test_the_rlhf_job_flow_with_two_gpus(runner, cache, one_process, prefect_server, mlflow_store, tmp_path,
+                                         monkeypatch):
     """The flow as the tests call it, `runner: ray`: two Ray Train workers on a local head (started for the job,
-    gone after it), rank 0 alone writing; the ledger charges 2 GPUs x each step's phases, each step once."""
+    gone after it); `runner: thread`: the local launcher (the worker is rank 0). Rank 0 alone writes; the ledger
+    charges 2 GPUs x each step's phases, each step once."""
     import pandas as pd
 
     from flows.rlhf_job import rlhf_job
@@ -72,12 +74,13 @@ def test_the_rlhf_job_flow_with_two_gpus_on_the_ray_runner(cache, one_process, p
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(_cfg(cache).model_dump(mode="json", exclude={"config_dir"}), sort_keys=False))
     request = {"config": str(config), "tenant": "acme", "name": "ray-two", "out_root": str(tmp_path / "jobs"),
-               "run_dir": ".", "detector": None, "gpus": 2, "cluster_gpus": 2, "runner": "ray"}
+               "run_dir": ".", "detector": None, "gpus": 2, "cluster_gpus": 2, "runner": runner}
     state = rlhf_job(request=request, return_state=True)
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary["state"] == "SUCCEEDED" and summary["metrics"]["steps"] == STEPS
     out = tmp_path / "jobs"
+    assert (out / "ray-train").is_dir() == (runner == "ray")  # Ray Train's own storage: only where it ran
     rows = _rows(out / "metrics.csv")
     _same_as(rows, one_process)
     ledger = pd.read_csv(out / "ledger.csv").set_index("run_id").loc[summary["run_id"]]

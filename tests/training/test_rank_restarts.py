@@ -28,11 +28,14 @@ class CountingHooks(JobHooks):
 
     def __init__(self):
         self.starts = 0
+        self.started_at: list[int] = []  # the step each worker resumed from
         self.restarted: list[str] = []
 
     def start_worker(self, spec):
         self.starts += 1
-        return super().start_worker(spec)
+        worker = super().start_worker(spec)
+        self.started_at.append(worker.step)
+        return worker
 
     def restarting(self, spec, error):
         self.restarted.append(str(error))
@@ -85,6 +88,7 @@ def test_a_rank_killed_once_is_restarted_from_the_last_checkpoint(tmp_path, cach
     assert outcome.status.state.value == "SUCCEEDED", outcome.status.reason
     assert hooks.starts == 2 and len(hooks.restarted) == 1 and "rank 1 exited with code 3 in step 4" in \
         hooks.restarted[0]
+    assert hooks.started_at == [0, 2]  # the restart resumed from the step-2 checkpoint
     assert len(list(out.glob(".fault-rank_exit-rank1-*"))) == 1
     rows = _rows(out)
     assert [int(r["step"]) for r in rows] == list(range(1, STEPS + 1))
