@@ -169,7 +169,7 @@ def register(app: typer.Typer) -> None:
                       "detector": gate.label if gated else None, "overlap": request.overlap}
             (out / JOB_DONE).write_text(json.dumps(record, default=str))
             for line in failure_lines(record, out / JOB_DONE):
-                console.print(line)
+                console.print(line, soft_wrap=True)  # one line, however long the reason
             raise typer.Exit(1)
         last, first, best_gold = seen["last"], seen.get("first", 0), seen["best"]
         if last is None:
