@@ -170,6 +170,25 @@ def test_a_stop_between_steps_ends_every_rank_after_that_step(cache, two_nodes, 
     assert (out / "summary.json").is_file()
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, line", [
+    ("rank_exit", r"^rank 1 died in step 2 \(its Ray Train worker process exited\)"),
+    ("rank_hang", r"^rank 1 hung in step 2: no answer within the 10 s collective timeout$"),
+], ids=["died", "hung"])
+def test_a_dead_or_hung_ray_rank_is_named_in_one_line(kind, line, cache, two_nodes, tmp_path, monkeypatch):
+    """A live Ray Train run whose rank 1 dies (os._exit) or hangs at the start of step 2: one line naming it."""
+    from infra.ray_train import RayRanks
+    from training.distributed.launch import RankFailed
+
+    monkeypatch.setenv("RLHFOPS_COLLECTIVE_TIMEOUT_S", "10")
+    cfg = _cfg(cache, fault={"kind": kind, "rank": 1, "at_step": 1})
+    got = []
+    with pytest.raises(RankFailed, match=line) as err:
+        for rec in RayRanks(cfg, "full", tmp_path / "run", 2, placement_strategy="SPREAD").run():
+            got.append(rec.step)
+    assert got == [1] and "\n" not in str(err.value)
+
+
 # ------------------------------------------------------------------------------------ naming a failed run's rank
 def _worker_group_error(failures: dict):
     from ray.train import WorkerGroupError
