@@ -1,6 +1,7 @@
 """Launching a job's ranks: locally (no Ray head: rank 0 is the caller's process, ranks 1..N-1 are spawned
-processes, the rendezvous a TCP store on 127.0.0.1) or under Ray Train (`training/distributed/ray_train.py`). Both run
-the same training function: `Trainer(config, ..., gpus=N, world=...)` and its `run(steps)`.
+processes, the rendezvous a TCP store on 127.0.0.1) or under Ray Train (`infra/ray_train.py`, in the platform layer).
+Both run the same training function: `Trainer(config, ..., gpus=N, world=...)` and its `run(steps)`; `RankRestarts`
+restarts either from the last checkpoint when a rank fails.
 
 A rank that dies, hangs or raises ends the whole group: the others fail at their next collective (at once when a peer's
 connection closes, within the collective timeout when it hangs), rank 0 names the rank and the cause in one line
