@@ -193,7 +193,6 @@ class RayRanks:
 
         thread = threading.Thread(target=fit, name="rlhfops-ray-train", daemon=True)
         thread.start()
-        waiting = False  # rank 0 waits for this driver's word
         try:
             while True:
                 msg = self._next(to_driver, thread)
@@ -206,17 +205,14 @@ class RayRanks:
                 if records:
                     self.gate_records[int(rec.step)] = records
                 self.step = int(rec.step)
-                waiting = True
                 yield rec
                 from_driver.put(("go",))
-                waiting = False
             thread.join()
             if ended.get("error") is not None:
                 raise rank_failure(ended["error"], self.step + 1, self.gpus) from ended["error"]
         finally:
-            if thread.is_alive():  # stopped by the consumer: every rank ends after this step
-                if waiting:
-                    from_driver.put(("stop",))
+            if thread.is_alive():  # stopped by the consumer: every rank ends after the step rank 0 is at
+                from_driver.put(("stop",))
                 thread.join(timeout=max(60.0, collective_timeout_s() + 30.0))
             self._link = None
             for q in (to_driver, from_driver):

@@ -150,6 +150,10 @@ def test_two_ray_nodes_one_rank_on_each(cache, one_process, two_nodes, tmp_path)
     assert len(set(ranks.nodes)) == 2, ranks.nodes  # one rank on each node
     assert [r.step for r in records] == list(range(1, STEPS + 1))
     _same_as(_rows(tmp_path / "run" / "metrics.csv"), one_process)
+    # the gate's per-prompt records (the paired detector's evidence) came back from rank 0: its 8 prompts at step 2
+    gold = {r.step: r.gold_eval for r in records}
+    assert sorted(ranks.gate_records) == [2] and len(ranks.gate_records[2]) == 8
+    assert np.mean([g.gold_score for g in ranks.gate_records[2]]) == pytest.approx(gold[2], abs=1e-9)
 
 
 @pytest.mark.slow
