@@ -45,8 +45,11 @@ def fresh_run_dir(out: Path) -> None:
     import shutil
 
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    shutil.rmtree(out / "ray-train", ignore_errors=True)  # Ray Train's own records of a runner: ray job
     for name in ("metrics.csv", "summary.json", "scores.json", "ledger.csv", JOB_DONE, TENANT_ERRORS):
         (out / name).unlink(missing_ok=True)
+    for marker in out.glob(".fault-*"):  # a fault canary's record of the starts it fired on
+        marker.unlink()
 
 
 def job_run_name() -> str:
@@ -85,6 +88,11 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
     request, internals = parse_request(request), parse_internals(internals)
     checked = request.checked()  # everything, before the run directory is taken or a slot is asked for
     check_slot_settings()  # RLHFOPS_SLOTS, RLHFOPS_SLOTS_WAIT_S: a bad one is bad input, found here
+    if request.runner == "ray":  # Ray Train and the ranks' placement, checked here too
+        from infra.ray_train import check_ray_train, placement
+
+        check_ray_train()
+        placement()
     ledger = Ledger(load_prices(request.prices))
     tenant, name, job, out = request.tenant, request.name, request.job, request.out_dir
     paused = checked.paused
@@ -105,6 +113,7 @@ def rlhf_job(request: JobRequest = JobRequest(), internals: JobInternals = JobIn
     with locked_run_dir(out, "run_dir"), parent_run(
             "rlhf_job", job, request.mlflow_experiment, internals.parent_run_id, tenant=tenant,
             params={"config": request.config_label, "overlap": request.overlap, "gpus": request.gpus,
+                    "runner": request.runner,
                     "gpu_kind": request.gpu_kind,
                     "detector": request.detector.label if request.detector is not None else "none",
                     **flatten(resolved)},

@@ -72,13 +72,18 @@ def _run_logger():
 
 @task(name="start-worker", task_run_name="start worker {job}", **_RETRY)
 def start_worker(job: str, config, overlap: str, out_dir: str, fail_rate: float = 0.0, fault_seed: int = 0,
-                 card: int | None = None):
+                 card: int | None = None, gpus: int = 1, runner: str = "thread"):
     """Bring up the training worker: tokenizer, base policy, reference, the reward model (a job with one), optimisers
     (cached warm starts after the first job), on the GPU of the slot card `card` when the config says `device: auto`.
-    Resumes from the newest checkpoint in `out_dir` if any."""
+    Resumes from the newest checkpoint in `out_dir` if any. On `gpus` ranks: this worker is rank 0 and spawns the
+    others when it trains (`runner` thread), or the ranks are Ray Train workers (`runner` ray: `infra.ray_train`)."""
     maybe_fail("worker-start", job, fail_rate, fault_seed)
     with clock.span("work"):
-        return Trainer(config, overlap, out_dir, resume=True, slot=card)
+        if runner == "ray":
+            from infra.ray_train import RayRanks
+
+            return RayRanks(config, overlap, out_dir, gpus, name=job.replace("/", "-"))
+        return Trainer(config, overlap, out_dir, resume=True, slot=card, gpus=gpus)
 
 
 @task(name="train", task_run_name="train {job}", cache_policy=NO_CACHE)
@@ -109,6 +114,15 @@ class PrefectJobHooks(JobHooks):
     def hold_slots(self, spec: JobSpec):
         """The job's slots, then as many card numbers of this host (`infra.slot_cards`): the first is the GPU its
         trainer uses with `device: auto`."""
+        if spec.runner == "ray":  # Ray for the whole job (a restart from the checkpoint finds it running)
+            from infra.ray_train import ray_session
+
+            with ray_session():
+                yield from self._slots(spec)
+            return
+        yield from self._slots(spec)
+
+    def _slots(self, spec: JobSpec):
         if self.slots is None:
             with super().hold_slots(spec) as waited:
                 yield waited
@@ -124,7 +138,11 @@ class PrefectJobHooks(JobHooks):
         self.total = spec.steps
         self.score_word = score_word(spec.config)
         return start_worker.with_options(retry_delay_seconds=self.delays)(
-            spec.job, spec.config, spec.overlap, str(spec.out_dir), self.fail_rate, self.fault_seed, self.card)
+            spec.job, spec.config, spec.overlap, str(spec.out_dir), self.fail_rate, self.fault_seed, self.card,
+            spec.gpus, spec.runner)
+
+    def restarting(self, spec: JobSpec, error: BaseException) -> None:
+        self.logger.warning("%s: %s; restarting from the last checkpoint", spec.job, error)
 
     def supervise(self, spec: JobSpec, loop: Callable[[], TrainingResult]) -> TrainingResult:
         result = train_task(spec.job, loop)

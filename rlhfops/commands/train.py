@@ -115,7 +115,7 @@ def register(app: typer.Typer) -> None:
         total = spec.steps
         # a tenant's job is scored by its own gate, not the synthetic task's gold scorer: its lines say so
         score_word = "gate score" if spec.config.task.kind == "dataset" else "gold"
-        seen = {"first": 0, "last": None, "best": (-math.inf, 0)}
+        seen = {"last": None, "best": (-math.inf, 0)}
         # a bar on a terminal; flushed done/total lines when the output is a pipe or a file (nohup, CI)
         progress = Progress(console)
 
@@ -125,9 +125,11 @@ def register(app: typer.Typer) -> None:
             inside training)."""
 
             def start_worker(self, spec):
-                trainer = Trainer(spec.config, spec.overlap, spec.out_dir, resume=not fresh,
+                # a restart after a failed rank (max_rank_restarts) resumes from the checkpoint, --fresh or not
+                trainer = Trainer(spec.config, spec.overlap, spec.out_dir, resume=not fresh or "started" in seen,
                                   progress=lambda m: console.print(f"[dim]{m}[/dim]"), gpus=spec.gpus)
-                seen["first"] = trainer.step
+                seen.setdefault("first", trainer.step)
+                seen["started"] = True
                 progress.stage(f"{spec.config.algorithm.upper()} {spec.overlap}", total=total)
                 progress.update(trainer.step)  # a resumed run starts where its checkpoint is
                 return trainer
@@ -143,6 +145,9 @@ def register(app: typer.Typer) -> None:
 
             def score(self, spec, checkpoints):
                 return super().score(spec, checkpoints) if gated else []
+
+            def restarting(self, spec, error):
+                console.print(f"[yellow]{error}; restarting from the last checkpoint[/yellow]")
 
         tracked = tracked_run(request, spec)  # None unless MLFLOW_TRACKING_URI is set
         hooks = TrainHooks()
@@ -164,9 +169,9 @@ def register(app: typer.Typer) -> None:
                       "detector": gate.label if gated else None, "overlap": request.overlap}
             (out / JOB_DONE).write_text(json.dumps(record, default=str))
             for line in failure_lines(record, out / JOB_DONE):
-                console.print(line)
+                console.print(line, soft_wrap=True)  # one line, however long the reason
             raise typer.Exit(1)
-        last, first, best_gold = seen["last"], seen["first"], seen["best"]
+        last, first, best_gold = seen["last"], seen.get("first", 0), seen["best"]
         if last is None:
             console.print(f"nothing to do: {out} already holds step {first} of {total}")
             return

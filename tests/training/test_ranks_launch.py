@@ -50,6 +50,9 @@ def test_a_rank_that_dies_ends_the_job_in_one_line_naming_it(tmp_path, cache):
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     lines = [ln for ln in done.stdout.splitlines() if "failed" in ln]
     assert len(lines) == 1 and "rank 1 exited with code 3 in step 2" in lines[0], done.stdout[-2000:]
+    # the default max_rank_restarts 1: restarted once (one line says so), then failed at the same rank and step
+    assert "(restarted 1 time from the last checkpoint: max_rank_restarts 1)" in lines[0], done.stdout[-2000:]
+    assert sum("restarting from the last checkpoint" in ln for ln in done.stdout.splitlines()) == 1
     assert "Traceback" not in done.stdout + done.stderr
 
 

@@ -1,6 +1,7 @@
 """Launching a job's ranks: locally (no Ray head: rank 0 is the caller's process, ranks 1..N-1 are spawned
-processes, the rendezvous a TCP store on 127.0.0.1) or under Ray Train (`training/distributed/ray_train.py`). Both run
-the same training function: `Trainer(config, ..., gpus=N, world=...)` and its `run(steps)`.
+processes, the rendezvous a TCP store on 127.0.0.1) or under Ray Train (`infra/ray_train.py`, in the platform layer).
+Both run the same training function: `Trainer(config, ..., gpus=N, world=...)` and its `run(steps)`; `RankRestarts`
+restarts either from the last checkpoint when a rank fails.
 
 A rank that dies, hangs or raises ends the whole group: the others fail at their next collective (at once when a peer's
 connection closes, within the collective timeout when it hangs), rank 0 names the rank and the cause in one line
@@ -165,3 +166,50 @@ class LocalRanks:
                 p.join()
         self.errors.close()
 
+
+
+class RankRestarts:
+    """A job on several ranks restarted from its last checkpoint when a rank fails (`RankFailed`), at most
+    `max_restarts` times, whatever launched its ranks: `start()` makes a fresh worker (rank 0 of the local launcher,
+    or the Ray Train launcher's driver side), which resumes from the newest checkpoint in the run directory.
+
+    The steps the restarted worker runs again (those after its checkpoint that the failed start had already given)
+    are not given again: whoever consumes `run` (the supervisor: alerts, the ledger) sees every step once, and the
+    tenant pays for each step once (the re-done work is the platform's). Its `metrics.csv` holds the re-run's rows,
+    each step once (the trainer keeps the rows up to the checkpoint it resumes from). Past the bound the last
+    failure is raised, one line naming the rank and the cause, and how often the job was restarted. Anything else a
+    worker raises (a tenant code error, an out-of-memory) ends the job as on one rank. The current worker's other
+    attributes (`step`, `gate_records`, `extend_gate`, ...) are read through."""
+
+    def __init__(self, start, worker, max_restarts: int, on_restart=None):
+        self.start, self.worker, self.max_restarts = start, worker, max_restarts
+        self.on_restart = on_restart  # called with the RankFailed before each restart (a log line)
+        self.restarts = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["worker"], name)
+
+    def run(self, steps: int | None = None):
+        given = self.worker.step  # steps up to here were given before this run (a resumed job's replay)
+        while True:
+            run = self.worker.run(steps)
+            try:
+                for rec in run:
+                    if int(rec.step) <= given:
+                        continue  # run again after a restart: given once already
+                    given = int(rec.step)
+                    yield rec
+                return
+            except RankFailed as err:
+                run.close()
+                if not self.max_restarts:
+                    raise
+                if self.restarts >= self.max_restarts:
+                    raise RankFailed(f"{err} (restarted {self.restarts} time{'s' * (self.restarts != 1)} from the "
+                                     f"last checkpoint: max_rank_restarts {self.max_restarts})") from err
+                self.restarts += 1
+                if self.on_restart is not None:
+                    self.on_restart(err)
+                self.worker = self.start()
+            finally:
+                run.close()

@@ -33,6 +33,11 @@ class RankSteps:
         """fault.kind rank_exit / rank_hang: this rank dies or hangs at the start of step at_step + 1."""
         f = self.cfg.fault
         if f.kind in ("rank_exit", "rank_hang") and self.world.rank == f.rank and self.step == f.at_step:
+            if f.times and self.out_dir is not None:  # only on the job's first `times` starts: one marker each
+                fired = sorted(self.out_dir.glob(f".fault-{f.kind}-rank{f.rank}-*"))
+                if len(fired) >= f.times:
+                    return
+                (self.out_dir / f".fault-{f.kind}-rank{f.rank}-{len(fired) + 1}").touch()
             if f.kind == "rank_exit":
                 os._exit(3)
             time.sleep(10**6)

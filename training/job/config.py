@@ -419,6 +419,11 @@ class FaultConfig(Strict):
     #: rank_exit / rank_hang (a job on several ranks): this rank dies (os._exit(3)) or hangs at the start of step
     #: `at_step` + 1 (the rest of the group must end within the collective timeout, naming it)
     rank: int = Field(1, ge=0, le=4095, description="rank_exit, rank_hang: the rank that dies or hangs")
+    #: rank_exit / rank_hang: on how many starts of the job the fault fires (0: every start). Each firing leaves a
+    #: marker in the run directory, so a job restarted from its checkpoint (`max_rank_restarts`) can be made to
+    #: succeed on its next start; a job without a run directory fires on every start
+    times: int = Field(0, ge=0, le=1000, description="rank_exit, rank_hang: fire on the job's first `times` "
+                       "starts only (markers in the run directory); 0: every start")
 
 
 def default_cache_dir() -> str:

@@ -87,10 +87,19 @@ class JobSpec:
     #: train on past a pause and past a paging alert that fails the run (the fault canaries: they run until their
     #: expected alert fires, the proof they want); every other job stops once its run can only end FAILED
     run_through_pause: bool = False
+    #: where a job on several ranks runs them: `thread` (the worker's machine: rank 0 is the worker, ranks 1..N-1
+    #: spawned processes) or `ray` (Ray Train workers on the Ray cluster: the platform's hooks, infra/ray_train.py)
+    runner: str = "thread"
+    #: a job on several ranks whose rank fails (died, hung, raised) is restarted from its last checkpoint this many
+    #: times, then FAILED naming the rank (training.distributed.launch.RankRestarts)
+    max_rank_restarts: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
             raise ValueError(f"gpus: {self.gpus!r} must be a whole number of GPU slots >= 1")
+        if isinstance(self.max_rank_restarts, bool) or not isinstance(self.max_rank_restarts, int) \
+                or self.max_rank_restarts < 0:
+            raise ValueError(f"max_rank_restarts: {self.max_rank_restarts!r} must be a whole number >= 0")
         if self.out_dir is not None and not isinstance(self.out_dir, Path):
             object.__setattr__(self, "out_dir", Path(self.out_dir))
 
@@ -156,7 +165,15 @@ class JobHooks:
         """The training worker (resumes from the newest checkpoint in the run directory)."""
         from training.trainer import Trainer
 
+        if spec.runner != "thread":
+            raise ValueError(f"runner: '{spec.runner}' needs the platform's hooks (tasks.training.PrefectJobHooks)")
         return Trainer(spec.config, spec.overlap, spec.out_dir, resume=True, gpus=spec.gpus)
+
+    def restarting(self, spec: JobSpec, error: BaseException) -> None:
+        """A rank failed and the job restarts from its last checkpoint (`JobSpec.max_rank_restarts`): a log line."""
+        import logging
+
+        logging.getLogger("rlhfops.job").warning("%s: %s; restarting from the last checkpoint", spec.job, error)
 
     def supervise(self, spec: JobSpec, loop: Callable[[], TrainingResult]) -> TrainingResult:
         """Run the training loop (the platform runs it as a task)."""
@@ -395,6 +412,11 @@ def run_job(spec: JobSpec, observe: Observer | None = None, *, hooks: JobHooks |
     with hooks.hold_slots(spec) as waited:
         slot_start = time.time()
         trainer = hooks.start_worker(spec)
+        if spec.gpus > 1 and spec.max_rank_restarts > 0:  # a failed rank: restarted from the last checkpoint
+            from training.distributed.launch import RankRestarts
+
+            trainer = RankRestarts(lambda: hooks.start_worker(spec), trainer, spec.max_rank_restarts,
+                                   on_restart=lambda err: hooks.restarting(spec, err))
         sup.start()
         history = read_history(spec.out_dir, trainer.step) if spec.out_dir else []
         # a paused run's earlier steps were charged by the segment that ran them; an interrupted run's were lost

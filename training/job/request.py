@@ -218,7 +218,15 @@ class JobRequest(BaseModel):
                              "scorers while decoding), inter (start B+delta prompts, train on the first B), full "
                              "(both)")
     steps: int | None = Field(None, ge=1, le=10_000_000, description="PPO steps (empty: the config's steps)")
-    gpus: int = Field(1, ge=1, le=4096, description="GPU worker slots the job holds while it trains")
+    gpus: int = Field(1, ge=1, le=4096, description="GPU worker slots the job holds while it trains, and the "
+                      "data-parallel ranks it trains on (docs/ranks.md)")
+    runner: Literal["thread", "ray"] = Field("thread", description="where a job on several GPUs runs its ranks: "
+                                             "thread (the worker's machine: the worker is rank 0 and spawns the "
+                                             "others) or ray (one Ray Train worker per rank on the Ray cluster at "
+                                             "RAY_ADDRESS, else a local Ray head)")
+    max_rank_restarts: int = Field(1, ge=0, le=100, description="a job on several GPUs whose rank dies, hangs or "
+                                   "raises is restarted from its last checkpoint this many times, then FAILED "
+                                   "naming the rank")
     cluster_gpus: int = Field(4, ge=1, le=4096, description="size of the GPU slot pool (the Prefect global "
                               "concurrency limit gpu-slots)")
     device: str | None = Field(None, max_length=16, description="where the job's models "
@@ -439,5 +447,6 @@ def build(request: JobRequest, checked: CheckedJob | None = None, *, run_id: str
                    out_dir=request.out_dir, overlap=request.overlap, gpus=request.gpus, gpu_kind=request.gpu_kind,
                    detector=request.detector, alerts=request.alerts, alert_profile=request.alert_profile,
                    pausable=pausable, resume=resume if resume is not None else checked.paused,
-                   run_through_pause=run_through_pause)
+                   run_through_pause=run_through_pause, runner=request.runner,
+                   max_rank_restarts=request.max_rank_restarts)
     return spec, make_supervisor(spec, ledger=ledger, metrics=metrics, catalog=checked.catalog)
