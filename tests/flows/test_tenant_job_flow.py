@@ -78,10 +78,17 @@ def test_a_tenant_dataset_job_completes_with_its_inputs_and_code_hashes(algorith
         assert hashlib.sha256(path.read_bytes()).hexdigest().startswith(i.dataset.digest)
         assert str(path) in i.dataset.source
     tags = run.data.tags
-    code = hashlib.sha256((tmp_path / "tenant" / "my_reward.py").read_bytes()).hexdigest()
+    from training.inputs.code_identity import file_function_identity
+
+    source = tmp_path / "tenant" / "my_reward.py"
     assert tags["task.kind"] == "dataset" and tags["reward.kind"] == tags["gate.kind"] == "function"
     assert tags["reward.ref"] == "my_reward.py:score" and tags["gate.ref"] == "my_reward.py:exact"
-    assert tags["reward.code_hash"] == tags["gate.code_hash"] == code[:16]  # one file, one hash: its bytes'
+    # one file, two functions: each hash is its own function's code (training/inputs/code_identity.py), not the file's
+    assert tags["reward.code_hash"] == file_function_identity(source, "score")
+    assert tags["gate.code_hash"] == file_function_identity(source, "exact")
+    assert tags["reward.code_hash"] != tags["gate.code_hash"]
+    file_hash = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    assert file_hash not in (tags["reward.code_hash"], tags["gate.code_hash"])
     assert run.data.tags["run_state"] == "SUCCEEDED"
     assert tags["tenant_code.sandbox"] == "bwrap"  # where the tenant's code ran
 
