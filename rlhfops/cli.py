@@ -88,7 +88,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
                "table."),
     "bench": ("bench", "Benchmarks; each writes a JSON with every figure measured."),
     "train": ("train", "Train a policy with PPO (+ OPPO overlap); writes OUT/metrics.csv, OUT/checkpoints/, "
-              "OUT/summary.json."),
+              "OUT/summary.json; with MLFLOW_TRACKING_URI set, also an MLflow run ..."),
     "canary": ("canary", "Run real small PPO jobs with injected faults (frozen weight sync, constant reward, "
                "oversized LR, gameable reward, behaviour/proximal policy mismatch, carried tokens duplicated) plus a "
                "healthy control ..."),
