@@ -25,6 +25,9 @@ def test_dry_run_writes_every_key(tmp_path):
     assert "done:" in proc.stdout
     d = json.loads((tmp_path / "gpu-check.json").read_text())
     assert d["device"] == "cpu" and d["torch"] and d["transformers"]
+    nccl = d["nccl_world1"]  # gloo on the CPU dry run: a one-rank group's all-reduce leaves the buffer as it was
+    assert nccl["backend"] == "gloo" and nccl["world_size"] == 1 and nccl["sum_ok"] is True
+    assert nccl["bytes"] == 4 * nccl["numel"] > 0 and _finite(nccl["allreduce_ms"]) and nccl["allreduce_ms"] > 0
 
     real = d["real_shape"]
     assert real["config"]["policy"]["num_kv_heads"] == 2 and real["config"]["dtype"] == "bfloat16"

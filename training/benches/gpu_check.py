@@ -16,6 +16,8 @@ timeout still leaves what was measured. Each part is bounded by the budget (`--b
   generated per second, peak GPU memory. Modes run one after another, each with its own trainer (a dedicated GPU
   needs no interleaving, and each mode's peak memory is its own).
 
+- `nccl_world1` (between them, seconds): the gradient all-reduce on a one-rank process group (NCCL on cuda).
+
 `--dry --device cpu`: tiny shapes, one or two steps per mode, seconds; CI runs it (tests/training/test_gpu_check.py).
 """
 
@@ -243,6 +245,48 @@ def real_shape(check: Check, device: str, dtype: str, dry: bool, steps: int, eng
     _reset_peak(torch.device(dev))
 
 
+def nccl_world1(check: Check, device: str, dry: bool, repeats: int = 5) -> None:
+    """`nccl_world1`: the gradient all-reduce of a job on ranks (`World.reduce_grads`) on a real process group of one
+    rank, as `World.connect` makes it: NCCL on `cuda`, gloo on the CPU dry run. A flat buffer the size of the real
+    shape's policy gradients (float32; the dry run's tiny shape), all-reduced `repeats` times after one warm-up: its
+    median time and bandwidth, and that the sum over one rank is the input. Two NCCL ranks cannot share one GPU
+    ("Duplicate GPU detected"), so the multi-GPU figure is the next check, on a machine of several (docs/ranks.md)."""
+    import socket
+    import statistics
+
+    import torch
+
+    from training.distributed.world import World
+    from training.job.config import resolve_config
+    from training.job.sizing import max_positions, parameter_count, vocab_size
+
+    cfg = resolve_config(REAL_CONFIG, {"policy": DRY_SHAPE} if dry else {})
+    numel = parameter_count(cfg.policy, max_positions(cfg), vocab_size(cfg.task))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    world = World.connect(0, 1, "127.0.0.1", port, device, timeout_s=120)
+    dev = torch.device(device)
+    flat = torch.arange(numel, dtype=torch.float32, device=dev) % 1024
+    want = flat.clone()
+    world.grad_pg.allreduce([flat]).wait()
+    times = []
+    for _ in range(repeats):
+        _sync(dev)
+        t = time.perf_counter()
+        world.grad_pg.allreduce([flat]).wait()
+        _sync(dev)
+        times.append(time.perf_counter() - t)
+    ms = 1000 * statistics.median(times)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    check.data["nccl_world1"] = {
+        "backend": backend, "world_size": world.size, "numel": numel, "bytes": 4 * numel, "allreduce_ms": ms,
+        "allreduce_gb_per_s": 4 * numel / (ms / 1000) / 1e9, "sum_ok": bool(torch.equal(flat, want)),
+        "note": "one rank: the group's set-up and a collective's fixed cost; two NCCL ranks need two GPUs"}
+    check.write()
+    check.say(f"{backend} world size 1: all-reduce of {4 * numel / 2**20:.0f} MiB in {ms:.1f} ms")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gpu-check", description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for gpu-check.json")
@@ -292,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_small:
             small_steps = args.small_steps or (2 if args.dry else 30)
             small_shape(check, args.device, args.dry, small_steps, 1 if args.dry else 5, 0.3 * args.budget_s)
+        nccl_world1(check, args.device, args.dry)
         real_shape(check, args.device, args.dtype, args.dry, args.steps or 1, args.engine)
     check.say(f"done: {check.path}")
     return 0
