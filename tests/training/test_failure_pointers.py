@@ -91,18 +91,11 @@ def test_job_json_holds_what_the_alert_reason_points_at(tmp_path, saves, named):
 
 
 def test_a_pause_names_its_kept_checkpoint_only_when_one_was_saved(tmp_path):
+    from test_lifecycle import StopAt4  # the gate detector that pauses at step 4
+
     from eval.health import Catalog
     from eval.supervisor import RunSupervisor
     from training.job.lifecycle import JobHooks, JobSpec, run_job
-
-    class StopAt4:
-        label = name = "stop-at-4"
-
-        def start(self):
-            return self
-
-        def observe(self, cp):
-            return cp.step == 4
 
     def paused(saves, folder):
         folder.mkdir()
