@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-BENCH_MODULES: list[str] = ["bench_health", "bench_oppo", "bench_sweep", "bench_platform", "bench_gain"]
+BENCH_MODULES: list[str] = ["bench_health", "bench_oppo", "bench_sweep", "bench_platform", "bench_gain", "bench_ranks"]
 
 bench_app = typer.Typer(help="Benchmarks; each writes a JSON with every figure measured.", no_args_is_help=True)
 
