@@ -34,6 +34,8 @@ def register_bench(bench_app: typer.Typer) -> None:
             help="a config for colocated vs reward_apart (repeatable; default ppo-bench and grpo-bench)"),
         steps: int = typer.Option(None, "--steps", help="timed steps per run after 1 warm-up step (default 4; "
                                   "--quick 1)"),
+        placement_steps: int = typer.Option(None, "--placement-steps", help="timed steps of a placement run (default "
+                                            "20: its steps are short; --quick 2)"),
         repeats: int = typer.Option(None, "--repeats", help="rounds over the runs (default 3; --quick 1)"),
         to_target: Path = typer.Option(None, "--to-target", help="also time world 1 and world 2 to this config's "
                                        "held-out target (long; e.g. configs/ppo-arith.yaml)"),
@@ -52,8 +54,10 @@ def register_bench(bench_app: typer.Typer) -> None:
 
         steps = steps if steps is not None else (1 if quick else 4)
         repeats = repeats if repeats is not None else (1 if quick else 3)
-        if not 1 <= steps <= 100:
-            raise BadInput("--steps: need 1 to 100 timed steps")
+        placement_steps = placement_steps if placement_steps is not None else (2 if quick else 20)
+        for name, n in (("--steps", steps), ("--placement-steps", placement_steps)):
+            if not 1 <= n <= 100:
+                raise BadInput(f"{name}: need 1 to 100 timed steps")
         if not 1 <= repeats <= 20:
             raise BadInput("--repeats: need 1 to 20")
         if not 1 <= target_steps <= 10_000:
@@ -67,6 +71,9 @@ def register_bench(bench_app: typer.Typer) -> None:
         for cfg in placed.values():
             check_world(cfg, 1)
         target = load_config(to_target) if to_target is not None else None
+        if target is not None and target_steps < target.eval_every:
+            raise BadInput(f"--target-steps: {target_steps} steps hold no held-out gate of {to_target} (eval_every "
+                           f"{target.eval_every}); give at least {target.eval_every}")
         from training.benches.ranks import PLACEMENT, THROUGHPUT, bench_ranks
 
         total = repeats * (len(THROUGHPUT) * len(configs) + len(PLACEMENT) * len(placed))
@@ -78,7 +85,8 @@ def register_bench(bench_app: typer.Typer) -> None:
                 done[0] += 1
                 shown.update(done[0])
 
-            result = bench_ranks(configs, placed, steps, repeats, quick, target, target_steps, progress=step)
+            result = bench_ranks(configs, placed, steps, repeats, quick, target, target_steps, progress=step,
+                                 placement_steps=placement_steps)
         write_json(result, out)
         table = Table(title=f"rlhfops bench ranks: samples/s, median [min-max] over {repeats} repeat(s) of {steps} "
                             "timed step(s); overlap none, keyed draws")
@@ -96,7 +104,8 @@ def register_bench(bench_app: typer.Typer) -> None:
                           "met" if g["met_1thread"] and g["ahead_of_2threads"] else
                           f"short by {g['short_of_1.8x_by']:.2f}x" if not g["met_1thread"] else "behind 2 threads")
         console.print(table)
-        place = Table(title="placement under intra-step streaming (one policy process): step s, median [min-max]")
+        place = Table(title=f"placement under intra-step streaming (one policy process): step s, median [min-max] over "
+                            f"{repeats} repeat(s) of {placement_steps} timed steps")
         for col in ("config", "sequential", "intra colocated", "intra reward_apart", "intra speedup colocated",
                     "intra speedup reward_apart", "apart / colocated"):
             place.add_column(col, justify="right")

@@ -34,7 +34,8 @@ def test_bench_ranks_quick_writes_every_figure(tmp_path, cache):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     res = json.loads(out.read_text())
     assert set(res) >= {"settings", "throughput", "placement", "time_to_target", "load", "machine", "wall_s"}
-    assert res["settings"]["quick"] and res["settings"]["steps"] == 1 and res["settings"]["repeats"] == 1
+    settings = res["settings"]
+    assert settings["quick"] and (settings["steps"], settings["placement_steps"], settings["repeats"]) == (1, 2, 1)
     t = res["throughput"]["tiny-grpo"]
     assert t["algorithm"] == "grpo" and t["batch_size"] == 8
     assert set(t["samples_per_s"]) == {"world1-1thread", "world1-2threads", "world2-1thread"}
@@ -59,3 +60,23 @@ def test_bench_ranks_quick_writes_every_figure(tmp_path, cache):
     seq, apart = p["step_s"]["none/colocated"]["median"], p["step_s"]["intra/reward_apart"]["median"]
     assert p["intra_speedup_reward_apart"]["median"] == pytest.approx(seq / apart)
     assert "samples/s" in done.stdout and "reward_apart" in done.stdout and "load average" in done.stdout
+
+
+@pytest.mark.slow
+def test_time_to_target_times_both_world_sizes_on_their_gates(cache):
+    from training.benches.ranks import time_to_target
+
+    cfg = tiny_config(cache, seed=0, n_heldout_prompts=8, eval_every=2)
+    res = time_to_target(cfg, steps=4)
+    one, two = res["curves"]["world1-1thread"], res["curves"]["world2-1thread"]
+    assert [g[0] for g in one["gates"]] == [g[0] for g in two["gates"]] == [2, 4]
+    for c in (one, two):
+        clocks = [g[1] for g in c["gates"]]
+        assert 0 < clocks[0] < clocks[1]
+        assert c["final_gold"] == c["gates"][-1][2]
+    first = one["gates"]
+    best = max(g[2] for g in first)
+    assert res["target"] == pytest.approx(first[0][2] + 0.7 * (best - first[0][2]))
+    # world 1 reaches its own target by definition (at its best gate at the latest), at its first gate at or above it
+    hit = next(g for g in first if g[2] >= res["target"])
+    assert (one["step_at_target"], one["time_to_target_s"]) == (hit[0], hit[1])

@@ -173,13 +173,17 @@ def time_to_target(cfg: TrainConfig, steps: int, target_frac: float = 0.7) -> di
 
 
 def bench_ranks(configs: dict[str, TrainConfig], placement_configs: dict[str, TrainConfig], steps: int, repeats: int,
-                quick: bool, target: TrainConfig | None = None, target_steps: int = 60, progress=None) -> dict:
+                quick: bool, target: TrainConfig | None = None, target_steps: int = 60, progress=None,
+                placement_steps: int | None = None) -> dict:
     """Every part of the bench (module docstring) as one JSON-ready dict; configs by name (their file's stem)."""
     t0, load0 = time.perf_counter(), os.getloadavg()
-    result = {"settings": {"steps": steps, "repeats": repeats, "quick": quick, "warmup_steps": 1,
+    placement_steps = placement_steps or steps
+    result = {"settings": {"steps": steps, "placement_steps": placement_steps, "repeats": repeats, "quick": quick,
+                           "warmup_steps": 1,
                            "throughput_overlap": "none", "sampling": "keyed"},
               "throughput": {k: throughput(c, steps, repeats, quick, progress) for k, c in configs.items()},
-              "placement": {k: placement(c, steps, repeats, quick, progress) for k, c in placement_configs.items()},
+              "placement": {k: placement(c, placement_steps, repeats, quick, progress)
+                            for k, c in placement_configs.items()},
               "time_to_target": time_to_target(target, target_steps) if target is not None else None}
     result["load"] = {"before": [round(x, 2) for x in load0], "after": [round(x, 2) for x in os.getloadavg()]}
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine()}
