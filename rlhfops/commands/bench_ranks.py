@@ -88,7 +88,7 @@ def register_bench(bench_app: typer.Typer) -> None:
             result = bench_ranks(configs, placed, steps, repeats, quick, target, target_steps, progress=step,
                                  placement_steps=placement_steps)
         write_json(result, out)
-        table = Table(title=f"rlhfops bench ranks: samples/s, median [min-max] over {repeats} repeat(s) of {steps} "
+        table = Table(title=f"rlhfops bench ranks: samples/s, median \\[min-max] over {repeats} repeat(s) of {steps} "
                             "timed step(s); overlap none, keyed draws")
         for col in ("config", "world 1, 1 thread", "world 1, 2 threads", "world 2, 1 thread each",
                     "2 ranks / 1 thread", "2 ranks / 2 threads", "collective wait share", "goal 1.8x"):
@@ -104,8 +104,8 @@ def register_bench(bench_app: typer.Typer) -> None:
                           "met" if g["met_1thread"] and g["ahead_of_2threads"] else
                           f"short by {g['short_of_1.8x_by']:.2f}x" if not g["met_1thread"] else "behind 2 threads")
         console.print(table)
-        place = Table(title=f"placement under intra-step streaming (one policy process): step s, median [min-max] over "
-                            f"{repeats} repeat(s) of {placement_steps} timed steps")
+        place = Table(title=f"placement under intra-step streaming (one policy process): step s, median \\[min-max] "
+                            f"over {repeats} repeat(s) of {placement_steps} timed steps")
         for col in ("config", "sequential", "intra colocated", "intra reward_apart", "intra speedup colocated",
                     "intra speedup reward_apart", "apart / colocated"):
             place.add_column(col, justify="right")

@@ -122,6 +122,20 @@ def test_a_killed_scorer_process_ends_the_job_in_one_line(cache):
     assert trainer.apart.proc is None and trainer.apart.conn is None
 
 
+def test_a_hung_scorer_process_ends_the_job_within_the_timeout(cache):
+    trainer = Trainer(_config(cache, "grpo", "reward_apart"), "intra")
+    run = trainer.run(3)
+    next(run)
+    proc = trainer.apart.proc
+    trainer.apart.timeout_s = 2.0
+    os.kill(proc.pid, signal.SIGSTOP)  # alive, silent
+    with pytest.raises(ScorerFailed) as err:
+        next(run)
+    assert str(err.value) == ("the scorer process (placement reward_apart) hung in step 2: no answer within the 2 s "
+                              "collective timeout")
+    assert trainer.apart.proc is None and not proc.is_alive()  # reaped: killed, not left stopped
+
+
 def test_reward_apart_is_checked_before_any_work(cache):
     check_world(_config(cache, "ppo", "reward_apart"), 1)
     check_world(_config(cache, "ppo", "reward_apart"), 2)

@@ -139,6 +139,7 @@ class ApartScorers:
         self.proc = None
         self.conn = None
         self.step = 0
+        self.failed = False  # it died or hung: `close` does not wait for it
         self.timeout_s = collective_timeout_s()
 
     def start(self, world: World) -> None:
@@ -184,6 +185,7 @@ class ApartScorers:
     def answer(self):
         try:
             if not self.conn.poll(self.timeout_s):
+                self.failed = True
                 raise ScorerFailed(f"{WHO} hung in step {self.step}: no answer within the {self.timeout_s:.0f} s "
                                    "collective timeout")
             return self.conn.recv()
@@ -192,6 +194,7 @@ class ApartScorers:
 
     def _gone(self) -> ScorerFailed:
         """The connection broke: the process's end, in one line (rank 0 knows its exit code)."""
+        self.failed = True
         at = f" in step {self.step}"
         if self.proc is not None:
             self.proc.join(timeout=2.0)
@@ -202,17 +205,22 @@ class ApartScorers:
         return ScorerFailed(f"{WHO} ended{at}: its link to this rank broke")
 
     def close(self) -> None:
-        """Tell the scorer process this rank is done; rank 0 reaps it (terminated if it does not end in 10 s)."""
+        """Tell the scorer process this rank is done; rank 0 reaps it (after up to 10 s, or at once when it died or
+        hung: terminated, then killed)."""
         if self.conn is not None:
             try:
-                self.conn.send(("close",))
+                if not self.failed:
+                    self.conn.send(("close",))
             except (OSError, EOFError):
                 pass
             self.conn.close()
             self.conn = None
         if self.proc is not None:
-            self.proc.join(timeout=10)
+            self.proc.join(timeout=0 if self.failed else 10)
             if self.proc.is_alive():
                 self.proc.terminate()
-                self.proc.join(timeout=5)
+                self.proc.join(timeout=2)
+            if self.proc.is_alive():
+                self.proc.kill()  # a stopped process takes SIGKILL, not SIGTERM
+                self.proc.join()
             self.proc = None
