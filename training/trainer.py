@@ -49,6 +49,7 @@ import torch
 from common.errors import BadInput
 from training.algorithms.update import PPOUpdate
 from training.checkpoint import CheckpointIO, MetricsCSV, latest_checkpoint
+from training.distributed.apart import scorer_placement
 from training.distributed.launch import LocalRanks, Rendezvous
 from training.distributed.plan import check_world
 from training.distributed.ranks import RankSteps
@@ -160,11 +161,9 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate, RankSteps):
                                            refill_min=cfg.oppo.refill_min)
         else:
             self.engine = TransformersEngine(self.tok.eos_id, self.tok.pad_id, cfg.ppo.temperature)
-        self.scorers = {}
-        if self.ref is not None:
-            self.scorers["ref"] = IncrementalScorer(self.ref, "logprob", cfg.ppo.temperature)
-        if self.reward_model is not None:
-            self.scorers["reward"] = IncrementalScorer(self.reward_model, "reward")
+        # the reward/reference scorers: in this process (colocated) or on a process of their own (reward_apart:
+        # `self.apart`, started in `run`); the critic stays with the policy that trains it
+        self.scorers, self.apart = scorer_placement(cfg, self.ref, self.reward_model, self.device)
         if self.critic is not None:
             self.scorers["critic"] = IncrementalScorer(self.critic, "value")
 
@@ -314,6 +313,8 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate, RankSteps):
         finished = False
         try:
             self._join_ranks(total)
+            if self.apart is not None:
+                self.apart.start(self.world)
             while self.step < total:
                 try:
                     record = self.train_step()
@@ -333,6 +334,8 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate, RankSteps):
             finished = True
         finally:
             self.close()
+            if self.apart is not None:
+                self.apart.close()
             if self._ranks is not None:
                 self._ranks.close(finished)
                 self._ranks, self.world = None, LOCAL
@@ -361,6 +364,8 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate, RankSteps):
             self._rank_fault()
         phases = {"rollout": 0.0, "score": 0.0, "sync": 0.0, "optim": 0.0, "eval": 0.0}
         phases["sync"] = self._sync()
+        if self.apart is not None:
+            self.apart.step = self.step + 1  # named in a failure's line
         delta = self.delta_ctl.delta
         continuous = isinstance(self.engine, ContinuousEngine)
         if not continuous:  # the full-batch engine draws prompts as its rows free up
@@ -387,7 +392,7 @@ class Trainer(PPOUpdate, CheckpointIO, EvalGate, RankSteps):
                         self.engine, self.scorers, self.buffer, pad_id=self.tok.pad_id,
                         units_needed=self.units_per_step, max_new_tokens=cfg.ppo.max_new_tokens, chunk_size=chunk,
                         stream=self.stream, generator=self.sample_gen, grouped=self.grouped, scorer_threads=1,
-                        device=self.device,
+                        device=self.device, apart=self.apart,
                     )
         finally:
             torch.set_num_threads(self.threads)

@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 BENCH_MODULES: list[str] = ["bench_health", "bench_oppo", "bench_sweep", "bench_platform", "bench_gain",
-                            "bench_sandbox"]
+                            "bench_sandbox", "bench_ranks"]
 
 bench_app = typer.Typer(help="Benchmarks; each writes a JSON with every figure measured.", no_args_is_help=True)
 

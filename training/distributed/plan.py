@@ -18,9 +18,15 @@ def check_world(cfg, world_size: int) -> None:
     """BadInput (exit 2) when `cfg` cannot train on `world_size` ranks."""
     if world_size < 1:
         raise BadInput(f"gpus: {world_size} must be at least 1")
-    if cfg.placement != "colocated":
-        raise BadInput(f"placement: {cfg.placement!r} is not built yet (the reward and reference models run in every "
-                       "policy rank): use colocated")
+    if cfg.placement == "reward_apart":
+        from training.job.config import uses_reference
+
+        if cfg.engine != "transformers":
+            raise BadInput(f"placement: 'reward_apart' streams the chunked loop's columns; engine: {cfg.engine!r} "
+                           "keeps its scorers colocated: use engine: transformers or placement: colocated")
+        if not uses_reference(cfg) and cfg.reward.kind == "function":
+            raise BadInput("placement: 'reward_apart' moves the reward model and the reference model to a process "
+                           "of their own, and this job has neither (a reward function, no KL paid): use colocated")
     if world_size == 1:
         return
     grouped = cfg.algorithm != "ppo"

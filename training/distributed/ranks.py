@@ -70,7 +70,7 @@ class RankSteps:
         out = rollout(
             self.engine, self.scorers, local, pad_id=self.tok.pad_id, units_needed=units_needed,
             max_new_tokens=cfg.ppo.max_new_tokens, chunk_size=chunk, stream=self.stream, generator=self.sample_gen,
-            grouped=self.grouped, scorer_threads=1, device=self.device, until=until,
+            grouped=self.grouped, scorer_threads=1, device=self.device, until=until, apart=self.apart,
         )
         if self.overcommit:
             out = self._first_over_ranks(out)

@@ -409,7 +409,7 @@ class FaultConfig(Strict):
     """Fault injection for health canaries (training/trainer.py module docstring lists the kinds)."""
 
     kind: Literal["none", "frozen_sync", "constant_reward", "lr_spike", "gameable_reward", "nan_reward",
-                  "behaviour_mismatch", "duplicated_carry", "rank_exit", "rank_hang"] = "none"
+                  "behaviour_mismatch", "duplicated_carry", "rank_exit", "rank_hang", "scorer_exit"] = "none"
     at_step: int = Field(0, ge=0, description="first step the fault is active")
     factor: float = Field(100.0, gt=0.0, le=1e4,
                           description="lr_spike: learning-rate multiplier; behaviour_mismatch: sampling-temperature "
@@ -419,6 +419,7 @@ class FaultConfig(Strict):
     #: rank_exit / rank_hang (a job on several ranks): this rank dies (os._exit(3)) or hangs at the start of step
     #: `at_step` + 1 (the rest of the group must end within the collective timeout, naming it)
     rank: int = Field(1, ge=0, le=4095, description="rank_exit, rank_hang: the rank that dies or hangs")
+    #: scorer_exit (placement reward_apart): the scorer process exits with code 3 when step `at_step` + 1 begins
     #: rank_exit / rank_hang: on how many starts of the job the fault fires (0: every start). Each firing leaves a
     #: marker in the run directory, so a job restarted from its checkpoint (`max_rank_restarts`) can be made to
     #: succeed on its next start; a job without a run directory fires on every start
@@ -476,7 +477,8 @@ class TrainConfig(Strict):
     #: ranks), "auto" (stream on one rank, keyed on several)
     sampling: Literal["auto", "stream", "keyed"] = "auto"
     #: where the reward and reference models run (docs/ranks.md): "colocated" (in every policy rank) or
-    #: "reward_apart" (a rank of their own that the policy ranks stream chunks to)
+    #: "reward_apart" (a process of their own that the policy ranks stream chunks to: training/distributed/apart.py;
+    #: the critic stays with the policy)
     placement: Literal["colocated", "reward_apart"] = "colocated"
     checkpoint_every: int = Field(25, ge=1)
     keep_checkpoints: int = Field(0, ge=0, description="0 keeps every checkpoint")

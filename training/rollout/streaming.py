@@ -131,6 +131,7 @@ def rollout(
     scorer_threads: int = 1,
     device: torch.device | str = "cpu",
     until=None,
+    apart=None,
 ) -> RolloutResult:
     """Generate until `units_needed` units are finished; score them; return samples and deferred rest.
 
@@ -139,6 +140,8 @@ def rollout(
     torch.Generator, or `KeyedDraws` (draws keyed by sample and position). `until` (ranks: `TransformersEngine.until`):
     the stop is decided over all ranks, every decode step; the units this rank finished by then are all returned
     (up to `units_needed`), each with its `finish_step`, and the caller chooses the first ones over all ranks.
+    `apart` (`placement: reward_apart`, training/distributed/apart.py): scorers in another process, fed the same
+    columns through `apart.session()` (`put` each chunk, `finish` for the outputs) as the local scorer thread is.
     """
     n = len(seqs)
     if isinstance(generator, KeyedDraws):
@@ -159,9 +162,15 @@ def rollout(
     groups = groups.to(device) if groups is not None else None
 
     t0 = time.perf_counter()
-    worker = _ScorerThread(scorers, scorer_threads) if stream else None
-    if worker:
-        worker.put(ids, attn)
+    # streaming: every chunk goes to the local scorer thread and, apart, to the scorer process
+    sinks = []
+    if stream:
+        if scorers or apart is None:
+            sinks.append(_ScorerThread(scorers, scorer_threads))
+        if apart is not None:
+            sinks.append(apart.session())
+    for sink in sinks:
+        sink.put(ids, attn)
     actor_lp = [engine.begin(ids, attn, done, n_resp, max_new_tokens, generator)]
     all_ids, all_attn, all_resp = [ids], [attn], [resp_cols]
     finish_time = torch.where(done, torch.full((n,), -1.0, device=device),
@@ -176,8 +185,8 @@ def rollout(
             if until is None or engine.stopped:
                 break
             continue  # idle on this rank until the ranks stop together
-        if worker:
-            worker.put(chunk.ids, chunk.mask)
+        for sink in sinks:
+            sink.put(chunk.ids, chunk.mask)
         fin = chunk.finish_col >= 0
         finish_time[fin] = (col + chunk.finish_col[fin]).float()
         col += c
@@ -221,8 +230,10 @@ def rollout(
             s.finished = True
             s.truncated = not s.response_ids or s.response_ids[-1] != getattr(engine, "eos_id", -1)
 
-    if worker:
-        outs = worker.finish()
+    if stream:
+        outs = {}
+        for sink in sinks:
+            outs.update(sink.finish())
         outs = {k: v.cpu()[rows] for k, v in outs.items()}
         sel_ids, sel_attn, sel_resp, sel_lp = ids[rows], attn[rows], resp[rows], actor_lp_t[rows]
     else:
@@ -233,9 +244,14 @@ def rollout(
         sel_resp, sel_lp = sel_resp[:, first_col:], sel_lp[:, first_col:]
         outs = {}
         if rows:
+            remote = apart.session() if apart is not None else None
+            if remote is not None:  # sent first: the scorer process works while the local scorers do
+                remote.put(sel_ids, sel_attn)
             for name, scorer in scorers.items():
                 outs[name] = scorer.begin(sel_ids.to(device), sel_attn.to(device)).cpu()
                 scorer.release()
+            if remote is not None:
+                outs.update(remote.finish())
     t2 = time.perf_counter()
 
     samples = []
