@@ -67,6 +67,9 @@ def test_the_rlhf_job_flow_with_two_gpus(runner, cache, one_process, prefect_ser
     charges 2 GPUs x each step's phases, each step once."""
     import pandas as pd
 
+    # card locks of its own: the default folder is the host's, shared with the flows other tests run meanwhile
+    monkeypatch.setenv("RLHFOPS_SLOT_DIR", str(tmp_path / "slot-cards"))
+
     from flows.rlhf_job import rlhf_job
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -97,6 +100,9 @@ def test_a_ray_rank_killed_once_restarts_the_job_from_its_checkpoint(cache, one_
     Ray Train run on the same head), runs step 1 again without giving it twice, and ends SUCCEEDED with the
     one-process run's rows; MLflow holds each step once and the ledger charges exactly those steps x 2 GPUs."""
     import pandas as pd
+
+    # card locks of its own: the default folder is the host's, shared with the flows other tests run meanwhile
+    monkeypatch.setenv("RLHFOPS_SLOT_DIR", str(tmp_path / "slot-cards"))
 
     from flows.rlhf_job import rlhf_job
     from infra import tracking as T

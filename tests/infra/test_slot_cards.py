@@ -66,7 +66,7 @@ def test_a_platform_jobs_worker_is_started_on_its_slot_card(monkeypatch):
     built = []
     monkeypatch.setattr(TT, "Trainer", lambda *a, **k: built.append(k["slot"]) or "trainer")
     pool = SlotPool(2, "cards-test", backend="local")
-    spec = SimpleNamespace(gpus=1, steps=3, job="t/j", config=None, overlap="none", out_dir="x")
+    spec = SimpleNamespace(gpus=1, steps=3, job="t/j", config=None, overlap="none", out_dir="x", runner="thread")
     first, second = TT.PrefectJobHooks(None, pool), TT.PrefectJobHooks(None, pool)
     with first.hold_slots(spec), second.hold_slots(spec):
         assert (first.card, second.card) == (0, 1)

@@ -420,9 +420,8 @@ class FaultConfig(Strict):
     #: `at_step` + 1 (the rest of the group must end within the collective timeout, naming it)
     rank: int = Field(1, ge=0, le=4095, description="rank_exit, rank_hang: the rank that dies or hangs")
     #: scorer_exit (placement reward_apart): the scorer process exits with code 3 when step `at_step` + 1 begins
-    #: rank_exit / rank_hang: on how many starts of the job the fault fires (0: every start). Each firing leaves a
-    #: marker in the run directory, so a job restarted from its checkpoint (`max_rank_restarts`) can be made to
-    #: succeed on its next start; a job without a run directory fires on every start
+    #: rank_exit / rank_hang: on how many of the job's starts the fault fires (0: all); a marker in the run directory
+    #: per firing lets a job restarted from its checkpoint succeed (without a run directory: every start)
     times: int = Field(0, ge=0, le=1000, description="rank_exit, rank_hang: fire on the job's first `times` "
                        "starts only (markers in the run directory); 0: every start")
 
