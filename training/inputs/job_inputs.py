@@ -436,7 +436,7 @@ def job_lineage(cfg: TrainConfig) -> dict[str, Any]:
     file's own sha256, source, rows, context `training` / `eval`) and tags: the training algorithm (`ALGORITHM_TAG`),
     the task kind, the reward's and the gate's kind and code hash (the function's own code and the definitions it uses
     in its file: `training.inputs.code_identity`), the held-out digest."""
-    from training.inputs import rewards
+    from training.inputs.scorers import function_identity
 
     tags: dict[str, str] = {ALGORITHM_TAG: cfg.algorithm, "task.kind": cfg.task.kind, "reward.kind": cfg.reward.kind,
                             "gate.kind": cfg.gate.kind}
@@ -444,15 +444,9 @@ def job_lineage(cfg: TrainConfig) -> dict[str, Any]:
     hashes: dict[str, list[str]] = {"reward": [], "gate": []}
     tenant = False
     for role, field, text in function_refs(cfg):
-        if rewards.builtin(text) is not None:
-            hashes[role].append(rewards.code_hash(text))
-        else:
-            from training.inputs.code_identity import ref_identity
-            from training.inputs.tenant_code import parse_ref
-
-            # the function's own code and what it calls in its file, not its neighbours (code_identity.py)
-            hashes[role].append(ref_identity(parse_ref(text, base, field), base))
-            tenant = True
+        ref, code_hash = function_identity(text, base, field)
+        hashes[role].append(code_hash)
+        tenant = tenant or ref is not None
     for role in ("reward", "gate"):
         scorer = getattr(cfg, role)
         if scorer.kind == "function":

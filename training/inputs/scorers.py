@@ -41,6 +41,21 @@ class Scored:
     metrics: dict[str, float] = field(default_factory=dict)  # what the function logged (log_metric), its means
 
 
+def function_identity(text: str, base_dir: Path, field: str) -> tuple[Any, str]:
+    """A function ref's (parsed tenant ref, or None for a built-in) and its code hash: a built-in's module, or the
+    tenant function's own code and what it calls in its file (training/inputs/code_identity.py), not its neighbours.
+    The one place both the scorer and the job's lineage tags take it from."""
+    from training.inputs import rewards
+
+    if rewards.builtin(text) is not None:
+        return None, rewards.code_hash(text)
+    from training.inputs.code_identity import ref_identity
+    from training.inputs.tenant_code import parse_ref
+
+    ref = parse_ref(text, base_dir, field)
+    return ref, ref_identity(ref, base_dir)
+
+
 class FunctionScorer:
     """One function of the job in one role ("reward function" or "gate function")."""
 
@@ -50,15 +65,9 @@ class FunctionScorer:
         self.settings, self.role, self.field = settings, role, field
         self.builtin = rewards.builtin(settings.ref)
         self._pool_of = pool_of  # () -> TenantFunctionPool, created when first needed
-        if self.builtin is not None:
-            self.text, self.code_hash = settings.ref, rewards.code_hash(settings.ref)
-            self.ref = None
-        else:
-            from training.inputs.code_identity import ref_identity
-            from training.inputs.tenant_code import parse_ref
-
-            self.ref = parse_ref(settings.ref, Path(config_dir) if config_dir else Path.cwd(), field)
-            self.text, self.code_hash = self.ref.text, ref_identity(self.ref, config_dir)  # the function's own code
+        base = Path(config_dir) if config_dir else Path.cwd()
+        self.ref, self.code_hash = function_identity(settings.ref, base, field)
+        self.text = self.ref.text if self.ref is not None else settings.ref
 
     def check(self, columns: list[str] | tuple[str, ...] = ()) -> None:
         """Load the function in a worker (not here) before any training: an import error is the tenant's; a
