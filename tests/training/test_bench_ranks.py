@@ -38,7 +38,15 @@ def test_bench_ranks_quick_writes_every_figure(tmp_path, cache):
     assert settings["quick"] and (settings["steps"], settings["placement_steps"], settings["repeats"]) == (1, 2, 1)
     t = res["throughput"]["tiny-grpo"]
     assert t["algorithm"] == "grpo" and t["batch_size"] == 8
-    assert set(t["samples_per_s"]) == {"world1-1thread", "world1-2threads", "world2-1thread"}
+    assert set(t["samples_per_s"]) == {"world1-1thread", "world1-2threads", "world2-1thread",
+                                       "two-independent-1thread"}
+    (pair,) = t["runs"].pop("two-independent-1thread")  # the ceiling: two one-process runs at once, summed
+    assert pair["processes"] == 2 and len(pair["each"]) == 2
+    assert pair["samples_per_s"] == pytest.approx(sum(8 / sum(r["step_s"]) for r in pair["each"]))
+    assert [r["tokens"] for r in pair["each"]] == [pair["tokens"]] * 2  # the same work in both
+    ceiling = t["samples_per_s"]["two-independent-1thread"]["median"]
+    assert t["ratios"]["world2_over_ceiling"]["median"] == pytest.approx(
+        t["samples_per_s"]["world2-1thread"]["median"] / ceiling)
     for label, runs in t["runs"].items():
         (run,) = runs  # one repeat
         assert run["samples"] == [8], label  # the global batch, whatever the world size

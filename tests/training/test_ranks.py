@@ -17,7 +17,7 @@ from tiny_job import tiny_config
 
 from common.errors import BadInput
 from training.distributed.launch import Rendezvous, free_port
-from training.distributed.plan import assign_units, check_world
+from training.distributed.plan import assign_units, check_world, split_minibatch
 from training.rollout.streaming import Sequence
 from training.trainer import Trainer
 
@@ -197,6 +197,39 @@ def test_units_assigned_whole_balanced_and_carried_units_stay():
     assert abs(load[0] - load[1]) <= max(len(s.prompt_ids) + 8 for s in seqs) * 2
     # a rank never gets half a group
     assert len(owners) == len({s.group for s in seqs})
+
+
+def test_a_minibatch_is_split_over_the_ranks_by_tokens_each_sample_once():
+    # by hand: costs 9, 7, 6, 5, 3 over 2 ranks, longest first to the least loaded: 9->0 (9, 0), 7->1 (9, 7),
+    # 6->1 (9, 13), 5->0 (14, 13), 3->1 (14, 16)
+    assert split_minibatch([40, 41, 42, 43, 44], [9, 7, 6, 5, 3], 2) == [[40, 43], [41, 42, 44]]
+    rng = np.random.default_rng(0)
+    for world in (2, 3, 4):
+        idx = rng.permutation(64).tolist()
+        costs = rng.integers(20, 400, size=64).tolist()
+        parts = split_minibatch(idx, costs, world)
+        assert sorted(i for p in parts for i in p) == sorted(idx)  # every sample on exactly one rank
+        assert all(p == [i for i in idx if i in p] for p in parts)  # each part keeps the minibatch's order
+        load = [sum(costs[idx.index(i)] for i in p) for p in parts]
+        assert max(load) - min(load) <= max(costs)  # the greedy's bound
+    assert split_minibatch([3, 1], [5, 5], 4) == [[3], [1], [], []]
+
+
+def test_samples_cross_ranks_as_arrays_and_come_back_as_the_same_tensors():
+    import pickle
+
+    from training.distributed.ranks import _from_wire, _to_wire
+    from training.rollout.streaming import Sample
+
+    lp = torch.randn(5)
+    kept = torch.randn(5).to(torch.bfloat16)  # no numpy dtype: crosses as a tensor
+    s = Sample(_seq(7, 3, 4, 5), old_logprobs=lp, ref_logprobs=None, values=kept, score=0.5, behav_logprobs=lp * 2)
+    wire = _to_wire([s])
+    assert isinstance(wire[0].old_logprobs, np.ndarray) and wire[0].values is kept
+    (back,) = _from_wire(pickle.loads(pickle.dumps(wire)))
+    assert torch.equal(back.old_logprobs, lp) and torch.equal(back.behav_logprobs, lp * 2)
+    assert back.ref_logprobs is None and torch.equal(back.values, kept) and back.seq == s.seq
+    assert isinstance(s.old_logprobs, torch.Tensor)  # the rank's own sample is left as it was
 
 
 def test_a_batch_that_does_not_divide_over_the_ranks_is_bad_input(cache):

@@ -1,14 +1,18 @@
 """`rlhfops bench ranks`: what a job on two ranks buys on this machine, and what the scorer apart buys.
 
 Throughput (per config, at equal global batch): (a) one process with 1 torch thread, (b) one process with 2 threads,
-(c) two ranks (this process and a spawned one, gloo) with 1 thread each. Sequential PPO/GRPO (`overlap: none`, so
-every phase of a step uses the threads it is given) and `sampling: keyed` in all three, so they draw the same tokens
-at the same seed (up to the float rounding of logits computed in other batches): the same work. Each run trains one
-warm-up step, then `steps` steps; its samples/s is the samples trained over the sum of those steps' wall times (on two
-ranks rank 0's step, which waits for the slower rank at every collective: the job's step). Runs go round-robin over
-`repeats`, the order rotated each round; each figure is the median, min and max over repeats, each ratio paired by
-repeat. `idle_share`: the two-rank runs' `rank_idle_s` over their step time (the most any rank waited inside the
-step's collectives: for the slower rank's compute, plus the collectives themselves).
+(c) two ranks (this process and a spawned one, gloo) with 1 thread each, and (d) the machine's ceiling for two
+processes: two independent one-process runs of (a) at once (spawned, started together), their samples/s summed. Two
+ranks can at best reach (d): what two processes of this work get from the machine's cores, memory and caches at once,
+with no collective between them; `world2_over_ceiling` is how much of it they reach.
+
+Sequential PPO/GRPO (`overlap: none`, so every phase of a step uses the threads it is given) and `sampling: keyed` in
+every column, so they draw the same tokens at the same seed (up to the float rounding of logits computed in other
+batches): the same work. Each run trains one warm-up step, then `steps` steps; its samples/s is the samples trained over
+the sum of those steps' wall times (on two ranks rank 0's step, which waits for the slower rank at every collective: the
+job's step). Runs go round-robin over `repeats`, the order rotated each round; each figure is the median, min and max
+over repeats, each ratio paired by repeat. `idle_share`: the two-rank runs' `rank_idle_s` over their step time (the most
+any rank waited inside the step's collectives: for the slower rank's compute, plus the collectives themselves).
 
 Placement (per config, one policy process, `overlap: intra` streaming the actor's chunks): colocated (the scorer
 thread in the policy process) against `reward_apart` (the scorer process), beside sequential colocated; the step time
@@ -32,7 +36,8 @@ from training.job.config import TrainConfig
 from training.trainer import Trainer
 
 #: throughput columns: label -> (world size, torch threads per process)
-THROUGHPUT = {"world1-1thread": (1, 1), "world1-2threads": (1, 2), "world2-1thread": (2, 1)}
+THROUGHPUT = {"world1-1thread": (1, 1), "world1-2threads": (1, 2), "world2-1thread": (2, 1),
+              "two-independent-1thread": (1, 1)}
 #: placement columns: label -> (overlap, placement)
 PLACEMENT = {"none/colocated": ("none", "colocated"), "intra/colocated": ("intra", "colocated"),
              "intra/reward_apart": ("intra", "reward_apart")}
@@ -56,13 +61,16 @@ def _load() -> float:
     return round(float(os.getloadavg()[0]), 2)
 
 
-def timed_run(cfg: TrainConfig, overlap: str, world: int, steps: int) -> dict:
-    """One run: a warm-up step, then `steps` timed ones; `world` ranks (spawned) at `cfg.oppo.torch_threads` each."""
+def timed_run(cfg: TrainConfig, overlap: str, world: int, steps: int, ready=None) -> dict:
+    """One run: a warm-up step, then `steps` timed ones; `world` ranks (spawned) at `cfg.oppo.torch_threads` each.
+    `ready()`, when given, is called once the models are built, before the first step."""
     before, saved = _load(), os.environ.get("OMP_NUM_THREADS")
     if world > 1:  # a rank's threads (training/distributed/world.py rank_threads); the spawned rank inherits it
         os.environ["OMP_NUM_THREADS"] = str(cfg.oppo.torch_threads)
     try:
         trainer = Trainer(cfg, overlap, None, resume=False, gpus=world)
+        if ready is not None:
+            ready()
         rows, prev = [], 0.0
         for rec in trainer.run(steps + 1):
             rows.append((rec.wall_s - prev, rec.samples_trained, rec.rank_idle_s, rec.tokens_generated,
@@ -80,6 +88,28 @@ def timed_run(cfg: TrainConfig, overlap: str, world: int, steps: int) -> dict:
             "idle_share": float(sum(idle) / sum(step_s)) if world > 1 and idle else None,
             "phase_s": {k: float(np.mean([r[4].get(k, 0.0) for r in timed])) for k in ("rollout", "score", "optim")},
             "world_size": timed[-1][5], "threads": trainer.threads, "load_before": before, "load_after": _load()}
+
+
+def _independent_run(cfg: TrainConfig, steps: int, barrier) -> dict:
+    return timed_run(cfg, "none", 1, steps, ready=barrier.wait)
+
+
+def independent_pair(cfg: TrainConfig, steps: int) -> dict:
+    """Column (d): two one-process runs of `cfg` at once, in two spawned processes that start their warm-up step
+    together (a barrier once both have built their models); samples/s summed, each run kept."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = mp.get_context("spawn")
+    before = _load()
+    with ctx.Manager() as manager, ProcessPoolExecutor(2, mp_context=ctx) as pool:
+        barrier = manager.Barrier(2)
+        runs = [f.result() for f in [pool.submit(_independent_run, cfg, steps, barrier) for _ in range(2)]]
+    return {"samples_per_s": sum(r["samples_per_s"] for r in runs), "each": runs,
+            "step_s": [max(a, b) for a, b in zip(runs[0]["step_s"], runs[1]["step_s"], strict=True)],
+            "samples": runs[0]["samples"], "tokens": runs[0]["tokens"], "idle_share": None,
+            "world_size": 1, "threads": runs[0]["threads"], "processes": 2, "load_before": before,
+            "load_after": _load()}
 
 
 def _spread(xs: list[float]) -> dict:
@@ -101,7 +131,8 @@ def throughput(cfg: TrainConfig, steps: int, repeats: int, quick: bool, progress
     """Columns (a)-(c) of the module docstring for one config; its ratios, paired by repeat; the goal's verdict."""
     def run(label):
         world, threads = THROUGHPUT[label]
-        return timed_run(bench_config(cfg, quick, **{"oppo.torch_threads": threads}), "none", world, steps)
+        c = bench_config(cfg, quick, **{"oppo.torch_threads": threads})
+        return independent_pair(c, steps) if label == "two-independent-1thread" else timed_run(c, "none", world, steps)
 
     runs = _round_robin(THROUGHPUT, repeats, run, progress)
     sps = {k: [r["samples_per_s"] for r in v] for k, v in runs.items()}
@@ -110,7 +141,11 @@ def throughput(cfg: TrainConfig, steps: int, repeats: int, quick: bool, progress
               "world2_over_world1_2threads": _spread([a / b for a, b in
                                                       zip(two, sps["world1-2threads"], strict=True)]),
               "world1_2threads_over_1thread": _spread([a / b for a, b in zip(sps["world1-2threads"],
-                                                                              sps["world1-1thread"], strict=True)])}
+                                                                              sps["world1-1thread"], strict=True)]),
+              "ceiling_over_world1_1thread": _spread([a / b for a, b in zip(sps["two-independent-1thread"],
+                                                                             sps["world1-1thread"], strict=True)]),
+              "world2_over_ceiling": _spread([a / b for a, b in zip(two, sps["two-independent-1thread"],
+                                                                    strict=True)])}
     r1, r2 = ratios["world2_over_world1_1thread"]["median"], ratios["world2_over_world1_2threads"]["median"]
     idle = [r["idle_share"] for r in runs["world2-1thread"] if r["idle_share"] is not None]
     return {"algorithm": cfg.algorithm, "batch_size": cfg.ppo.batch_size,

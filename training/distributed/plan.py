@@ -7,6 +7,9 @@ reads it before any model library is imported.
   has a rank (a carried one) keeps it; the fresh ones go, longest first, to the rank with the fewest expected tokens
   (prompt + tokens so far + what is still expected), ties to the lower rank and the lower uid: verl's
   `balance_batch` idea, greedy rather than Karmarkar-Karp. Every rank computes the same answer from the same buffer.
+- `split_minibatch(idx, costs, world_size)`: which rank back-propagates which sample of a minibatch. Every rank holds
+  the whole batch once the rollout's samples are gathered, so the update is balanced again, by tokens (prompt +
+  response: what the forward and backward pass cost), whoever rolled the sample out: the same greedy, longest first.
 """
 
 from __future__ import annotations
@@ -67,3 +70,17 @@ def assign_units(seqs, world_size: int, expected_new: float) -> dict[int, int]:
         out[g] = r
         load[r] += cost
     return out
+
+
+def split_minibatch(idx: list[int], costs: list[float], world_size: int) -> list[list[int]]:
+    """`idx` (a minibatch's sample indices) split over `world_size` ranks so their summed `costs` (one per entry of
+    `idx`) are as even as the greedy makes them: longest first to the least loaded rank, ties to the lower rank and
+    the earlier entry. Each part keeps `idx`'s order. The gradient summed over ranks is the same whatever the split
+    (each token's loss is divided by the minibatch's global token count)."""
+    load = [0.0] * world_size
+    owner: dict[int, int] = {}
+    for k in sorted(range(len(idx)), key=lambda k: (-costs[k], k)):
+        r = min(range(world_size), key=lambda j: (load[j], j))
+        owner[k] = r
+        load[r] += costs[k]
+    return [[i for k, i in enumerate(idx) if owner[k] == r] for r in range(world_size)]
