@@ -317,6 +317,7 @@ def nightly_sweep(
     job_config: str | None = None,
     job_tenant: str | None = None,
     job_name: str | None = None,
+    job_gpus: int = 1,
     canaries: list[CanaryName] | None = None,
     canary_steps: int | None = None,
     platform: bool = True,
@@ -355,6 +356,7 @@ def nightly_sweep(
             algorithm unless job_steps / job_overrides say otherwise).
         job_tenant: the tenant the job runs, is logged and registered under (empty: acme).
         job_name: the job's name (empty: nightly-<algorithm>).
+        job_gpus: GPU slots the job holds and the data-parallel ranks it trains on (launched by `runner`).
         canaries: the fault-injection canaries to run (empty: all nine, the two GRPO ones included; [] for none).
         canary_steps: PPO steps per canary (empty: 60 quick, 120 full).
         platform: run a live multi-tenant platform round.
@@ -370,7 +372,8 @@ def nightly_sweep(
             comparison); a ratio that fell beyond its noise fails the bench's MLflow run.
         bench_steps: steps per bench run (empty: 30, the quick bench; the baseline must have the same).
         bench_seeds: seeds per bench mode (empty: 3; the baseline must have the same).
-        runner: where the simulation units run: thread (this process and its compute pool) or ray.
+        runner: where the simulation units run, and the job's ranks when job_gpus > 1: thread (this process, its
+            compute pool, the job's ranks spawned by its worker) or ray (Ray tasks; the job on Ray Train).
         workers: processes of the compute pool (empty: one per core).
         out_dir: where the nightly's CSVs, plots and report go.
         cache_dir: warm-start cache of the small PPO jobs (tokenizer, SFT policy, reward model); default the one
@@ -385,7 +388,7 @@ def nightly_sweep(
     plan: NightlyPlan = check_nightly(
         quick=quick, experiments=experiments, seeds=seeds, canaries=canaries, canary_steps=canary_steps, job=job,
         job_steps=job_steps, job_overrides=job_overrides, job_config=job_config, job_tenant=job_tenant,
-        job_name=job_name, platform_steps=platform_steps, sweep=sweep,
+        job_name=job_name, job_gpus=job_gpus, platform_steps=platform_steps, sweep=sweep,
         sweep_spec=sweep_spec, sweep_trials=sweep_trials, runner=runner, workers=workers, out_dir=out_dir,
         cache_dir=cache_dir, mlflow_experiment=mlflow_experiment, bench=not quick if bench is None else bench,
         bench_config=bench_config, bench_baseline=bench_baseline, bench_steps=bench_steps, bench_seeds=bench_seeds)

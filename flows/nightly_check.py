@@ -64,7 +64,7 @@ def check_nightly(*, quick: bool = False, experiments: list[str] | None = None, 
                   canaries: list[str] | None = None, canary_steps: int | None = None, job: bool = True,
                   job_steps: int | None = None, job_overrides: dict[str, Any] | None = None,
                   job_config: str | None = None, job_tenant: str | None = None, job_name: str | None = None,
-                  platform_steps: int | None = None, sweep: bool = True,
+                  job_gpus: int = 1, platform_steps: int | None = None, sweep: bool = True,
                   sweep_spec: str = NIGHTLY_SWEEP_SPEC,
                   sweep_trials: int | None = None, runner: str = "thread", workers: int | None = None,
                   out_dir: str | Path = "results/nightly", cache_dir: str | None = None,
@@ -113,7 +113,7 @@ def check_nightly(*, quick: bool = False, experiments: list[str] | None = None, 
     if job:
         job_request = nightly_job_request(steps, job_overrides, cache_dir, Path(out_dir), mlflow_experiment,
                                           config=job_config, steps_given=job_steps is not None,
-                                          tenant=job_tenant, name=job_name)
+                                          tenant=job_tenant, name=job_name, gpus=job_gpus, runner=runner)
         job_algorithm = job_request.checked().config.algorithm
     trials = sweep_trials or (QUICK_SWEEP_TRIALS if quick else None)
     if sweep:
@@ -165,11 +165,11 @@ def nightly_job_config(steps: int, cache_dir: str) -> dict[str, Any]:
 
 def nightly_job_request(steps: int, overrides: dict[str, Any] | None, cache_dir: str, out: Path,
                         mlflow_experiment: str | None = None, config: str | None = None, steps_given: bool = False,
-                        tenant: str | None = None, name: str | None = None):
+                        tenant: str | None = None, name: str | None = None, gpus: int = 1, runner: str = "thread"):
     """The nightly's RLHF job as a `training.job.request.JobRequest`: `nightly_job_config` (or `config`, a job config
     file such as a tenant's dataset job or configs/grpo-arith.yaml, its own steps unless `steps_given`), under
     `tenant` (default acme) and `name` (default by its algorithm: `nightly-ppo`, `nightly-grpo`, `nightly-rloo`, the
-    config's or the overrides'), run directory OUT/rlhf-job."""
+    config's or the overrides'), run directory OUT/rlhf-job, on `gpus` ranks launched by `runner` (thread or ray)."""
     from training.job.config import resolve_config
     from training.job.request import parse_request
 
@@ -185,7 +185,8 @@ def nightly_job_request(steps: int, overrides: dict[str, Any] | None, cache_dir:
         job_config = nightly_job_config(steps, cache_dir)
     algorithm = resolve_config(job_config, overrides or {}).algorithm  # BadInput naming the field, as checked() would
     fields = {"config": job_config, "overrides": overrides or {}, "tenant": tenant or "acme",
-              "name": name or f"nightly-{algorithm}", "overlap": "full", "out_root": str(out), "run_dir": "rlhf-job"}
+              "name": name or f"nightly-{algorithm}", "overlap": "full", "out_root": str(out), "run_dir": "rlhf-job",
+              "gpus": gpus, "runner": runner, "cluster_gpus": max(4, gpus)}
     if mlflow_experiment is not None:
         fields["mlflow_experiment"] = mlflow_experiment
     return parse_request(fields, "job")

@@ -85,8 +85,14 @@ def register_bench(bench_app: typer.Typer) -> None:
                 done[0] += 1
                 shown.update(done[0])
 
+            def target_step(label, at):  # the long part: world 1's steps, then world 2's
+                if done[0] <= total:
+                    done[0] = total + 1
+                    shown.stage("time to target: world 1's steps, then world 2's", 2 * target_steps)
+                shown.advance()
+
             result = bench_ranks(configs, placed, steps, repeats, quick, target, target_steps, progress=step,
-                                 placement_steps=placement_steps)
+                                 placement_steps=placement_steps, target_progress=target_step)
         write_json(result, out)
         table = Table(title=f"rlhfops bench ranks: samples/s, median \\[min-max] over {repeats} repeat(s) of {steps} "
                             "timed step(s); overlap none, keyed draws")

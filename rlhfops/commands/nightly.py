@@ -45,8 +45,9 @@ def register(app: typer.Typer) -> None:
     def nightly_cmd(
         quick: bool = typer.Option(False, "--quick", help="seeds 42,123, a 24-step RLHF job, 60-step canaries, "
                                    "no OPPO bench unless --stages names it (under 10 minutes on 2 cores)"),
-        runner: str = typer.Option("thread", "--runner", help="task runner for the simulation fan-out: thread "
-                                   "(Prefect threads + a local process pool) or ray (needs pip install '.\\[ray]')"),
+        runner: str = typer.Option("thread", "--runner", help="task runner for the simulation fan-out, and the "
+                                   "launcher of the RLHF job's ranks with --job-gpus: thread (Prefect threads + a "
+                                   "local process pool) or ray (needs pip install '.\\[ray]')"),
         workers: int = typer.Option(None, "--workers", help="compute processes for simulation units (default: "
                                     "all cores)"),
         experiments: str = typer.Option(None, "--experiments", help="comma-separated subset of E1..E8 "
@@ -66,6 +67,8 @@ def register(app: typer.Typer) -> None:
                                        "GRPO, or a tenant's dataset job)"),
         tenant: str = typer.Option(None, "--tenant", help="the RLHF job's tenant (default acme)"),
         name: str = typer.Option(None, "--name", help="the RLHF job's name (default nightly-<algorithm>)"),
+        job_gpus: int = typer.Option(1, "--job-gpus", help="GPU slots the RLHF job holds: the data-parallel ranks "
+                                     "it trains on (docs/ranks.md)"),
         canaries: str = typer.Option(None, "--canaries", help="comma-separated canaries to run, or 'none' "
                                      "(default: all: control, frozen_sync, constant_reward, oversized_lr, "
                                      "gameable_reward, behaviour_mismatch, duplicated_carry, grpo_control, "
@@ -105,7 +108,7 @@ def register(app: typer.Typer) -> None:
         params = dict(quick=quick, experiments=split_list(experiments) if "matrix" in stages else [],
                       seeds=parse_seeds(seeds), detectors="detectors" in stages and not no_detectors,
                       job="job" in stages and not no_job, job_steps=job_steps, job_config=job_config,
-                      job_tenant=tenant, job_name=name,
+                      job_tenant=tenant, job_name=name, job_gpus=job_gpus,
                       canaries=split_list(canaries) if "canaries" in stages else [],
                       platform="platform" in stages and not no_platform, sweep="sweep" in stages and not no_sweep,
                       sweep_spec=sweep_spec, runner=runner, workers=workers, out_dir=str(out), cache_dir=cache_dir,

@@ -75,7 +75,9 @@ def test_time_to_target_times_both_world_sizes_on_their_gates(cache):
     from training.benches.ranks import time_to_target
 
     cfg = tiny_config(cache, seed=0, n_heldout_prompts=8, eval_every=2)
-    res = time_to_target(cfg, steps=4)
+    seen = []
+    res = time_to_target(cfg, steps=4, progress=lambda label, step: seen.append((label, step)))
+    assert seen == [(label, k) for label in ("world1-1thread", "world2-1thread") for k in (1, 2, 3, 4)]
     one, two = res["curves"]["world1-1thread"], res["curves"]["world2-1thread"]
     assert [g[0] for g in one["gates"]] == [g[0] for g in two["gates"]] == [2, 4]
     for c in (one, two):

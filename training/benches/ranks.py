@@ -176,8 +176,9 @@ def placement(cfg: TrainConfig, steps: int, repeats: int, quick: bool, progress=
             "runs": runs}
 
 
-def time_to_target(cfg: TrainConfig, steps: int, target_frac: float = 0.7) -> dict:
-    """World 1 against world 2 (1 thread each, sequential) on `cfg`'s held-out gates, over `steps` steps."""
+def time_to_target(cfg: TrainConfig, steps: int, target_frac: float = 0.7, progress=None) -> dict:
+    """World 1 against world 2 (1 thread each, sequential) on `cfg`'s held-out gates, over `steps` steps;
+    `progress(label, step)` after every step."""
     curves = {}
     for label, world in (("world1-1thread", 1), ("world2-1thread", 2)):
         c = bench_config(cfg, False, eval_every=cfg.eval_every, **{"oppo.torch_threads": 1})
@@ -192,6 +193,8 @@ def time_to_target(cfg: TrainConfig, steps: int, target_frac: float = 0.7) -> di
                 prev = rec.wall_s
                 if np.isfinite(rec.gold_eval):
                     gates.append((rec.step, clock, float(rec.gold_eval)))
+                if progress:
+                    progress(label, rec.step)
         finally:
             os.environ.pop("OMP_NUM_THREADS", None) if saved is None else os.environ.update(OMP_NUM_THREADS=saved)
         curves[label] = {"gates": gates, "load_before": before, "load_after": _load()}
@@ -209,8 +212,10 @@ def time_to_target(cfg: TrainConfig, steps: int, target_frac: float = 0.7) -> di
 
 def bench_ranks(configs: dict[str, TrainConfig], placement_configs: dict[str, TrainConfig], steps: int, repeats: int,
                 quick: bool, target: TrainConfig | None = None, target_steps: int = 60, progress=None,
-                placement_steps: int | None = None) -> dict:
-    """Every part of the bench (module docstring) as one JSON-ready dict; configs by name (their file's stem)."""
+                placement_steps: int | None = None, target_progress=None) -> dict:
+    """Every part of the bench (module docstring) as one JSON-ready dict; configs by name (their file's stem).
+    `progress(label)` after every throughput and placement run, `target_progress(label, step)` after every step of
+    the time-to-target runs."""
     t0, load0 = time.perf_counter(), os.getloadavg()
     placement_steps = placement_steps or steps
     result = {"settings": {"steps": steps, "placement_steps": placement_steps, "repeats": repeats, "quick": quick,
@@ -219,7 +224,8 @@ def bench_ranks(configs: dict[str, TrainConfig], placement_configs: dict[str, Tr
               "throughput": {k: throughput(c, steps, repeats, quick, progress) for k, c in configs.items()},
               "placement": {k: placement(c, placement_steps, repeats, quick, progress)
                             for k, c in placement_configs.items()},
-              "time_to_target": time_to_target(target, target_steps) if target is not None else None}
+              "time_to_target": (time_to_target(target, target_steps, progress=target_progress) if target is not None
+                                 else None)}
     result["load"] = {"before": [round(x, 2) for x in load0], "after": [round(x, 2) for x in os.getloadavg()]}
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine()}
     result["wall_s"] = time.perf_counter() - t0
