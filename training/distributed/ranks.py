@@ -16,8 +16,8 @@ In between:
    token's loss divided by the minibatch's GLOBAL token count, and sums the gradients over ranks before clipping:
    the full batch's gradient, whatever the layout.
 
-The samples cross between ranks with their per-token tensors as numpy arrays (`_to_wire`): pickling a torch tensor
-costs about ten times an array's, which was a tenth of a small job's step on two ranks.
+The samples cross between ranks with their per-token tensors as numpy arrays (`_to_wire`): a torch tensor is far
+slower to pickle and unpickle than an array, and every sample crosses to every rank every step.
 """
 
 from __future__ import annotations
