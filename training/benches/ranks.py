@@ -128,7 +128,7 @@ def _round_robin(columns: dict, repeats: int, run, progress=None) -> dict[str, l
 
 
 def throughput(cfg: TrainConfig, steps: int, repeats: int, quick: bool, progress=None) -> dict:
-    """Columns (a)-(c) of the module docstring for one config; its ratios, paired by repeat; the goal's verdict."""
+    """Columns (a)-(d) of the module docstring for one config; its ratios, paired by repeat; the goal's verdict."""
     def run(label):
         world, threads = THROUGHPUT[label]
         c = bench_config(cfg, quick, **{"oppo.torch_threads": threads})
