@@ -65,9 +65,17 @@ def assign_units(seqs, world_size: int, expected_new: float) -> dict[int, int]:
             load[held] += cost
         else:
             fresh.append((cost, g))
-    for cost, g in sorted(fresh, key=lambda x: (-x[0], x[1])):
-        r = min(range(world_size), key=lambda k: (load[k], k))
-        out[g] = r
+    out.update(_longest_first(fresh, load))
+    return out
+
+
+def _longest_first(items: list[tuple[float, int]], load: list[float]) -> dict[int, int]:
+    """{key: rank} for `items` ((cost, key) pairs): longest first (ties: the lower key) to the least loaded rank
+    (ties: the lower rank), `load` (one entry per rank) updated in place. The greedy both plans use."""
+    out: dict[int, int] = {}
+    for cost, key in sorted(items, key=lambda x: (-x[0], x[1])):
+        r = min(range(len(load)), key=lambda j: (load[j], j))
+        out[key] = r
         load[r] += cost
     return out
 
@@ -77,10 +85,5 @@ def split_minibatch(idx: list[int], costs: list[float], world_size: int) -> list
     `idx`) are as even as the greedy makes them: longest first to the least loaded rank, ties to the lower rank and
     the earlier entry. Each part keeps `idx`'s order. The gradient summed over ranks is the same whatever the split
     (each token's loss is divided by the minibatch's global token count)."""
-    load = [0.0] * world_size
-    owner: dict[int, int] = {}
-    for k in sorted(range(len(idx)), key=lambda k: (-costs[k], k)):
-        r = min(range(world_size), key=lambda j: (load[j], j))
-        owner[k] = r
-        load[r] += costs[k]
+    owner = _longest_first([(c, k) for k, c in enumerate(costs)], [0.0] * world_size)
     return [[i for k, i in enumerate(idx) if owner[k] == r] for r in range(world_size)]
