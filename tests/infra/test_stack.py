@@ -17,18 +17,7 @@ from stack_helpers import base_env, cli, mlflow_content
 
 from common.errors import BadInput
 from infra import stack as S
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is gone for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
+from tests.processes import alive
 
 
 def test_config_refuses_a_port_in_use_and_shared_ports(tmp_path):

@@ -19,6 +19,7 @@ from stack_helpers import base_env, cli
 from common.errors import BadInput
 from infra import stack as S
 from infra.bench_platform import JOB_FINAL_METRICS, JOB_FINAL_TAGS, clear_end, job_run_gaps
+from tests.processes import alive
 
 #: a stand-in for `prefect server start`: answers every GET with its own PID (so the test sees which process holds
 #: the port), on the port the stack's config names
@@ -36,15 +37,6 @@ class H(http.server.BaseHTTPRequestHandler):
         pass
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone for our purposes
-        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 def answering_pid(port: int) -> int | None:

@@ -22,6 +22,7 @@ import pytest
 
 from common.errors import BadInput
 from eval.attribution import SampleErrorSummary, TenantCodeError
+from tests.processes import alive
 from training.inputs.tenant_code import FunctionRef, TenantFunctionPool, parse_ref
 
 MEMORY_MB = 1024
@@ -33,15 +34,6 @@ def tenant(folder: Path, name: str, code: str, fn: str = "score") -> FunctionRef
     """Write `code` to folder/name.py and return the reference to its function `fn`."""
     (folder / f"{name}.py").write_text(textwrap.dedent(code))
     return parse_ref(f"{name}.py:{fn}", folder, "reward.ref")
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie waiting for a reaper counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except FileNotFoundError:
-        return False
 
 
 def procs_with(marker: str) -> list[int]:
