@@ -13,9 +13,11 @@ export MPLBACKEND := Agg
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
-# Reinstall only when the dependency declarations change.
+# Reinstall only when the dependency declarations change. --no-compile: pip byte-compiles every module of every
+# package (ray, mlflow, torch, ...), half of the install's time on 2 cores (4 min 47 s against 2 min 27 s); Python
+# compiles the modules a process imports on first use and caches them in __pycache__ as usual.
 $(STAMP): pyproject.toml constraints-cpu.txt | $(BIN)/python
-	$(BIN)/pip install $(PIP_FLAGS) -c constraints-cpu.txt -e '.[dev,ray,stack]'
+	$(BIN)/pip install $(PIP_FLAGS) --no-compile -c constraints-cpu.txt -e '.[dev,ray,stack]'
 	touch $(STAMP)
 
 # Tenant code runs in a bubblewrap sandbox (training/inputs/sandbox.py): installed here when missing, as root with

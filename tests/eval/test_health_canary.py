@@ -1,5 +1,6 @@
-"""Canaries on real small PPO runs (slow): injected faults fire their alerts and move the run state;
-the healthy control stays quiet. Runs a subset to fit the test budget; `rlhfops canary --quick` runs all."""
+"""`rlhfops canary` as a user runs it (slow): a fault canary fires its alert, moves the run state and writes the
+Prometheus metrics file. One canary: every canary, the controls included, runs in-process in
+tests/training/test_faults_canaries.py::test_canary."""
 
 import subprocess
 import sys
@@ -9,18 +10,16 @@ import pytest
 
 
 @pytest.mark.slow
-def test_canaries_fire_and_control_stays_quiet(tmp_path):
+def test_a_canary_fires_and_writes_its_alert_to_the_metrics_file(tmp_path):
     out = tmp_path / "canary.csv"
-    cmd = [sys.executable, "-m", "rlhfops.cli", "canary", "--quick",
-           "--only", "control,frozen_sync,oversized_lr", "--cache-dir", str(tmp_path / "cache"),
-           "--out", str(out), "--metrics-file", str(tmp_path / "m.prom")]
+    cmd = [sys.executable, "-m", "rlhfops.cli", "canary", "--quick", "--only", "frozen_sync", "--cache-dir",
+           str(tmp_path / "cache"), "--out", str(out), "--metrics-file", str(tmp_path / "m.prom")]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rows = pd.read_csv(out).set_index("canary")
-    assert rows.loc["control", "state"] == "SUCCEEDED" and rows.loc["control", "paged"] == "[]"
+    assert list(rows.index) == ["frozen_sync"]
     assert rows.loc["frozen_sync", "state"] == "FAILED(platform_fault)"
-    assert rows.loc["oversized_lr", "state"] == "FAILED(algorithmic_non_convergence)"
-    assert rows.loc[["frozen_sync", "oversized_lr"], "fired_at"].notna().all()
+    assert rows.loc["frozen_sync", "fired_at"] > 8  # the quick canaries' fault starts at step 8
     assert 'rlapi_alerts_total{alert="sync_stall",severity="paging"} 1.0' in (tmp_path / "m.prom").read_text()
 
 

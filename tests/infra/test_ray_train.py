@@ -59,12 +59,11 @@ def _rows(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runner", ["ray", "thread"])
-def test_the_rlhf_job_flow_with_two_gpus(runner, cache, one_process, prefect_server, mlflow_store, tmp_path,
-                                         monkeypatch):
-    """The flow as the tests call it, `runner: ray`: two Ray Train workers on a local head (started for the job,
-    gone after it); `runner: thread`: the local launcher (the worker is rank 0). Rank 0 alone writes; the ledger
-    charges 2 GPUs x each step's phases, each step once."""
+def test_the_rlhf_job_flow_with_two_gpus_on_the_local_launcher(cache, one_process, prefect_server, mlflow_store,
+                                                              tmp_path, monkeypatch):
+    """The flow as the tests call it with `runner: thread`: the local launcher (the worker is rank 0). Rank 0 alone
+    writes; the ledger charges 2 GPUs x each step's phases, each step once. `runner: ray` (two Ray Train workers on
+    a local head started for the job) is the restart test below, which checks the same and more."""
     import pandas as pd
 
     # card locks of its own: the default folder is the host's, shared with the flows other tests run meanwhile
@@ -72,33 +71,32 @@ def test_the_rlhf_job_flow_with_two_gpus(runner, cache, one_process, prefect_ser
 
     from flows.rlhf_job import rlhf_job
 
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setenv("RLHFOPS_RAY_GPU_SLOTS", "2")
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(_cfg(cache).model_dump(mode="json", exclude={"config_dir"}), sort_keys=False))
-    request = {"config": str(config), "tenant": "acme", "name": "ray-two", "out_root": str(tmp_path / "jobs"),
-               "run_dir": ".", "detector": None, "gpus": 2, "cluster_gpus": 2, "runner": runner}
+    request = {"config": str(config), "tenant": "acme", "name": "two-ranks", "out_root": str(tmp_path / "jobs"),
+               "run_dir": ".", "detector": None, "gpus": 2, "cluster_gpus": 2, "runner": "thread"}
     state = rlhf_job(request=request, return_state=True)
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary["state"] == "SUCCEEDED" and summary["metrics"]["steps"] == STEPS
     out = tmp_path / "jobs"
-    assert (out / "ray-train").is_dir() == (runner == "ray")  # Ray Train's own storage: only where it ran
+    assert not (out / "ray-train").exists()  # Ray Train's own storage: not used
     rows = _rows(out / "metrics.csv")
     _same_as(rows, one_process)
     ledger = pd.read_csv(out / "ledger.csv").set_index("run_id").loc[summary["run_id"]]
     assert int(ledger["steps"]) == STEPS
     by_hand = 2 * sum(float(r[f"phase_{p}_s"]) for r in rows for p in PHASES)
     assert ledger["gpu_seconds"] == pytest.approx(by_hand, abs=1e-5 * STEPS * len(PHASES))
-    assert not ray.is_initialized()  # the job's head is gone with it
 
 
 @pytest.mark.slow
 def test_a_ray_rank_killed_once_restarts_the_job_from_its_checkpoint(cache, one_process, prefect_server,
                                                                      mlflow_store, tmp_path, monkeypatch):
-    """Rank 1's Ray worker exits at the start of step 2 on the job's first start only: the job restarts (a fresh
-    Ray Train run on the same head), runs step 1 again without giving it twice, and ends SUCCEEDED with the
-    one-process run's rows; MLflow holds each step once and the ledger charges exactly those steps x 2 GPUs."""
+    """The rlhf-job flow with `gpus: 2` on `runner: ray`: two Ray Train workers on a local head started for the job
+    and gone after it. Rank 1's Ray worker exits at the start of step 2 on the job's first start only: the job
+    restarts (a fresh Ray Train run on the same head), runs step 1 again without giving it twice, and ends SUCCEEDED
+    with the one-process run's rows; rank 0 alone writes, MLflow holds each step once and the ledger charges exactly
+    those steps x 2 GPUs."""
     import pandas as pd
 
     # card locks of its own: the default folder is the host's, shared with the flows other tests run meanwhile
@@ -128,6 +126,8 @@ def test_a_ray_rank_killed_once_restarts_the_job_from_its_checkpoint(cache, one_
     assert int(ledger["steps"]) == STEPS
     by_hand = 2 * sum(m.value for ms in logged.values() for m in ms)
     assert ledger["gpu_seconds"] == pytest.approx(by_hand, abs=1e-5 * STEPS * len(PHASES))
+    assert (out / "ray-train").is_dir()  # Ray Train's own storage
+    assert not ray.is_initialized()  # the job's head is gone with it
 
 
 @pytest.fixture(scope="module")
@@ -181,12 +181,11 @@ def test_a_stop_between_steps_ends_every_rank_after_that_step(cache, two_nodes, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, line", [
-    ("rank_exit", r"^rank 1 died in step 2 \(its Ray Train worker process exited\)"),
-    ("rank_hang", r"^rank 1 hung in step 2: no answer within the 10 s collective timeout$"),
-], ids=["died", "hung"])
-def test_a_dead_or_hung_ray_rank_is_named_in_one_line(kind, line, cache, two_nodes, tmp_path, monkeypatch):
-    """A live Ray Train run whose rank 1 dies (os._exit) or hangs at the start of step 2: one line naming it."""
+def test_a_hung_ray_rank_is_named_in_one_line_within_the_collective_timeout(cache, two_nodes, tmp_path, monkeypatch):
+    """A live Ray Train run whose rank 1 hangs at the start of step 2: the collective timeout reaches the Ray Train
+    workers' process group, and the run ends in one line naming the rank. A rank that dies under Ray is the restart
+    test's fault; the naming of a dead rank is checked on Ray's own error objects below."""
+    kind, line = "rank_hang", r"^rank 1 hung in step 2: no answer within the 10 s collective timeout$"
     from infra.ray_train import RayRanks
     from training.distributed.launch import RankFailed
 

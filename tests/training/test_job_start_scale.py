@@ -30,7 +30,9 @@ def _bench(tmp_path: Path, fmt: str, tokenizer: str) -> dict:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("fmt", "tokenizer"), [("jsonl", "byte"), ("parquet", "bpe-chat")])
+# the slower format and tokenizer only: jsonl with the byte tokenizer added 24 s to CI (`scripts/bench-job-start`
+# measures both formats)
+@pytest.mark.parametrize(("fmt", "tokenizer"), [("parquet", "bpe-chat")])
 def test_a_100x_larger_train_file_starts_within_the_budget_scaled_to_its_size(tmp_path, fmt, tokenizer):
     """Each size's job runs in a fresh process from the config to its first StepRecord. Compared: the wall time less
     the interpreter's start and the imports (the same code whatever the data, and the part that swings most with the
