@@ -106,9 +106,13 @@ class _ScorerThread:
     def put(self, ids: torch.Tensor, mask: torch.Tensor) -> None:
         self.q.put((ids, mask))
 
-    def finish(self) -> dict[str, torch.Tensor]:
+    def stop(self) -> None:
+        """End the thread without its outputs (the rollout failed): it finishes the chunk in hand and exits."""
         self.q.put(None)
         self.thread.join()
+
+    def finish(self) -> dict[str, torch.Tensor]:
+        self.stop()
         if self.error is not None:
             raise self.error
         for s in self.scorers.values():
@@ -169,66 +173,75 @@ def rollout(
             sinks.append(_ScorerThread(scorers, scorer_threads))
         if apart is not None:
             sinks.append(apart.session())
-    for sink in sinks:
-        sink.put(ids, attn)
-    actor_lp = [engine.begin(ids, attn, done, n_resp, max_new_tokens, generator)]
-    all_ids, all_attn, all_resp = [ids], [attn], [resp_cols]
-    finish_time = torch.where(done, torch.full((n,), -1.0, device=device),
-                              torch.full((n,), float("inf"), device=device))
-    col = 0
-    engine.until = until
-    while (not engine.stopped if until is not None else
-           _units_done(engine.done, groups) < units_needed and not bool(engine.done.all())):
-        chunk = engine.decode(chunk_size, units_needed, groups)
-        c = chunk.ids.shape[1]
-        if c == 0:
-            if until is None or engine.stopped:
-                break
-            continue  # idle on this rank until the ranks stop together
+    try:
         for sink in sinks:
-            sink.put(chunk.ids, chunk.mask)
-        fin = chunk.finish_col >= 0
-        finish_time[fin] = (col + chunk.finish_col[fin]).float()
-        col += c
-        all_ids.append(chunk.ids)
-        all_attn.append(chunk.mask)
-        all_resp.append(chunk.mask.bool())
-        actor_lp.append(chunk.logprobs)
-    engine.release()
-    t1 = time.perf_counter()
+            sink.put(ids, attn)
+        actor_lp = [engine.begin(ids, attn, done, n_resp, max_new_tokens, generator)]
+        all_ids, all_attn, all_resp = [ids], [attn], [resp_cols]
+        finish_time = torch.where(done, torch.full((n,), -1.0, device=device),
+                                  torch.full((n,), float("inf"), device=device))
+        col = 0
+        engine.until = until
+        while (not engine.stopped if until is not None else
+               _units_done(engine.done, groups) < units_needed and not bool(engine.done.all())):
+            chunk = engine.decode(chunk_size, units_needed, groups)
+            c = chunk.ids.shape[1]
+            if c == 0:
+                if until is None or engine.stopped:
+                    break
+                continue  # idle on this rank until the ranks stop together
+            for sink in sinks:
+                sink.put(chunk.ids, chunk.mask)
+            fin = chunk.finish_col >= 0
+            finish_time[fin] = (col + chunk.finish_col[fin]).float()
+            col += c
+            all_ids.append(chunk.ids)
+            all_attn.append(chunk.mask)
+            all_resp.append(chunk.mask.bool())
+            actor_lp.append(chunk.logprobs)
+        engine.release()
+        t1 = time.perf_counter()
 
-    ids, attn, resp = torch.cat(all_ids, 1), torch.cat(all_attn, 1), torch.cat(all_resp, 1)
-    actor_lp_t = torch.cat(actor_lp, 1)
-    # the bookkeeping below reads single elements: on the CPU, one copy each
-    ids, attn, resp, actor_lp_t, finish_time = (t.cpu() for t in (ids, attn, resp, actor_lp_t, finish_time))
-    groups = groups.cpu() if groups is not None else None
-    new_tokens = ids[:, width:]
-    new_mask = attn[:, width:]
-    new_lp = actor_lp_t[:, width:]
-    final_done = engine.done.cpu()
+        ids, attn, resp = torch.cat(all_ids, 1), torch.cat(all_attn, 1), torch.cat(all_resp, 1)
+        actor_lp_t = torch.cat(actor_lp, 1)
+        # the bookkeeping below reads single elements: on the CPU, one copy each
+        ids, attn, resp, actor_lp_t, finish_time = (t.cpu() for t in (ids, attn, resp, actor_lp_t, finish_time))
+        groups = groups.cpu() if groups is not None else None
+        new_tokens = ids[:, width:]
+        new_mask = attn[:, width:]
+        new_lp = actor_lp_t[:, width:]
+        final_done = engine.done.cpu()
 
-    # Which units train: the first `units_needed` to finish (ties broken by row order).
-    if groups is None:
-        unit_of_row = torch.arange(n)
-        unit_time = finish_time
-    else:
-        unit_of_row = groups
-        unit_time = torch.full((int(groups.max()) + 1,), -1.0).scatter_reduce(0, groups, finish_time, "amax")
-    order = sorted(range(unit_time.shape[0]), key=lambda u: (float(unit_time[u]), u))
-    chosen_units = [u for u in order if torch.isfinite(unit_time[u])][:units_needed]
-    chosen_set = set(chosen_units)
-    rows = [i for i in range(n) if int(unit_of_row[i]) in chosen_set]
+        # Which units train: the first `units_needed` to finish (ties broken by row order).
+        if groups is None:
+            unit_of_row = torch.arange(n)
+            unit_time = finish_time
+        else:
+            unit_of_row = groups
+            unit_time = torch.full((int(groups.max()) + 1,), -1.0).scatter_reduce(0, groups, finish_time, "amax")
+        order = sorted(range(unit_time.shape[0]), key=lambda u: (float(unit_time[u]), u))
+        chosen_units = [u for u in order if torch.isfinite(unit_time[u])][:units_needed]
+        chosen_set = set(chosen_units)
+        rows = [i for i in range(n) if int(unit_of_row[i]) in chosen_set]
 
-    # Update every sequence with what it generated this step.
-    for i, s in enumerate(seqs):
-        m = new_mask[i].bool()
-        toks = new_tokens[i][m].tolist()
-        s.response_ids += toks
-        s.versions += [engine.version] * len(toks)
-        s.behav_logprobs += new_lp[i][m].tolist()
-        if bool(final_done[i]) and not s.finished:
-            s.finished = True
-            s.truncated = not s.response_ids or s.response_ids[-1] != getattr(engine, "eos_id", -1)
+        # Update every sequence with what it generated this step.
+        for i, s in enumerate(seqs):
+            m = new_mask[i].bool()
+            toks = new_tokens[i][m].tolist()
+            s.response_ids += toks
+            s.versions += [engine.version] * len(toks)
+            s.behav_logprobs += new_lp[i][m].tolist()
+            if bool(final_done[i]) and not s.finished:
+                s.finished = True
+                s.truncated = not s.response_ids or s.response_ids[-1] != getattr(engine, "eos_id", -1)
+    except BaseException:
+        # a scorer that failed mid-stream (the scorer process gone) ends the rollout here; the local scorer thread is
+        # stopped and joined first: a daemon thread still inside a torch op when the interpreter exits aborts the
+        # process ("terminate called without an active exception", exit -6)
+        for sink in sinks:
+            if isinstance(sink, _ScorerThread):
+                sink.stop()
+        raise
 
     if stream:
         outs = {}
