@@ -39,7 +39,7 @@ demo: install
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -n 2 --maxschedchunk 1
+	$(BIN)/python -m pytest -q -n 2
 
 # Mutation testing of the decision code (PPO math, streaming scorer, detectors, ledger, the simulator's engine and
 # policies, the lifecycle, the OPPO controller, the sweep runner) against their fast oracle tests ([tool.mutmut] in

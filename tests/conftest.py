@@ -14,32 +14,10 @@ SLOW_TIMEOUT_S = 900
 
 
 def pytest_collection_modifyitems(config, items):
-    """Slow end-to-end tests get `SLOW_TIMEOUT_S` unless they carry an explicit `@pytest.mark.timeout(...)`; then
-    the longest modules run first (`longest_modules_first`)."""
+    """Slow end-to-end tests get `SLOW_TIMEOUT_S` unless they carry an explicit `@pytest.mark.timeout(...)`."""
     for item in items:
         if item.get_closest_marker("slow") is not None and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_S))
-    longest_modules_first(items)
-
-
-def _timeout_s(item) -> float:
-    marker = item.get_closest_marker("timeout")
-    return float(marker.args[0] if marker.args else marker.kwargs.get("timeout", 0)) if marker else 0.0
-
-
-def longest_modules_first(items) -> None:
-    """Whole modules (their module-scoped fixtures set up once, their tests in file order), the longest first: by the
-    largest timeout a test of the module carries (the long end-to-end tests name theirs), then by how many of its
-    tests are marked `slow`. With `make test`'s `-n 2 --maxschedchunk 1`, each xdist worker takes the next test when
-    it is free, so the long tests start early on both workers instead of one of them ending the run alone (a 10-min
-    test that started late held the last 10 minutes of CI on one core)."""
-    weight: dict[str, tuple[float, int]] = {}
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        longest, slow = weight.get(module, (0.0, 0))
-        weight[module] = (max(longest, _timeout_s(item)), slow + (item.get_closest_marker("slow") is not None))
-    first_seen = {m: i for i, m in reversed(list(enumerate(item.nodeid.split("::", 1)[0] for item in items)))}
-    items.sort(key=lambda item: (-weight[m := item.nodeid.split("::", 1)[0]][0], -weight[m][1], first_seen[m]))
 
 
 def _address_space_bytes() -> int:
