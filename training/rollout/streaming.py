@@ -201,39 +201,6 @@ def rollout(
             actor_lp.append(chunk.logprobs)
         engine.release()
         t1 = time.perf_counter()
-
-        ids, attn, resp = torch.cat(all_ids, 1), torch.cat(all_attn, 1), torch.cat(all_resp, 1)
-        actor_lp_t = torch.cat(actor_lp, 1)
-        # the bookkeeping below reads single elements: on the CPU, one copy each
-        ids, attn, resp, actor_lp_t, finish_time = (t.cpu() for t in (ids, attn, resp, actor_lp_t, finish_time))
-        groups = groups.cpu() if groups is not None else None
-        new_tokens = ids[:, width:]
-        new_mask = attn[:, width:]
-        new_lp = actor_lp_t[:, width:]
-        final_done = engine.done.cpu()
-
-        # Which units train: the first `units_needed` to finish (ties broken by row order).
-        if groups is None:
-            unit_of_row = torch.arange(n)
-            unit_time = finish_time
-        else:
-            unit_of_row = groups
-            unit_time = torch.full((int(groups.max()) + 1,), -1.0).scatter_reduce(0, groups, finish_time, "amax")
-        order = sorted(range(unit_time.shape[0]), key=lambda u: (float(unit_time[u]), u))
-        chosen_units = [u for u in order if torch.isfinite(unit_time[u])][:units_needed]
-        chosen_set = set(chosen_units)
-        rows = [i for i in range(n) if int(unit_of_row[i]) in chosen_set]
-
-        # Update every sequence with what it generated this step.
-        for i, s in enumerate(seqs):
-            m = new_mask[i].bool()
-            toks = new_tokens[i][m].tolist()
-            s.response_ids += toks
-            s.versions += [engine.version] * len(toks)
-            s.behav_logprobs += new_lp[i][m].tolist()
-            if bool(final_done[i]) and not s.finished:
-                s.finished = True
-                s.truncated = not s.response_ids or s.response_ids[-1] != getattr(engine, "eos_id", -1)
     except BaseException:
         # a scorer that failed mid-stream (the scorer process gone) ends the rollout here; the local scorer thread is
         # stopped and joined first: a daemon thread still inside a torch op when the interpreter exits aborts the
@@ -242,6 +209,39 @@ def rollout(
             if isinstance(sink, _ScorerThread):
                 sink.stop()
         raise
+
+    ids, attn, resp = torch.cat(all_ids, 1), torch.cat(all_attn, 1), torch.cat(all_resp, 1)
+    actor_lp_t = torch.cat(actor_lp, 1)
+    # the bookkeeping below reads single elements: on the CPU, one copy each
+    ids, attn, resp, actor_lp_t, finish_time = (t.cpu() for t in (ids, attn, resp, actor_lp_t, finish_time))
+    groups = groups.cpu() if groups is not None else None
+    new_tokens = ids[:, width:]
+    new_mask = attn[:, width:]
+    new_lp = actor_lp_t[:, width:]
+    final_done = engine.done.cpu()
+
+    # Which units train: the first `units_needed` to finish (ties broken by row order).
+    if groups is None:
+        unit_of_row = torch.arange(n)
+        unit_time = finish_time
+    else:
+        unit_of_row = groups
+        unit_time = torch.full((int(groups.max()) + 1,), -1.0).scatter_reduce(0, groups, finish_time, "amax")
+    order = sorted(range(unit_time.shape[0]), key=lambda u: (float(unit_time[u]), u))
+    chosen_units = [u for u in order if torch.isfinite(unit_time[u])][:units_needed]
+    chosen_set = set(chosen_units)
+    rows = [i for i in range(n) if int(unit_of_row[i]) in chosen_set]
+
+    # Update every sequence with what it generated this step.
+    for i, s in enumerate(seqs):
+        m = new_mask[i].bool()
+        toks = new_tokens[i][m].tolist()
+        s.response_ids += toks
+        s.versions += [engine.version] * len(toks)
+        s.behav_logprobs += new_lp[i][m].tolist()
+        if bool(final_done[i]) and not s.finished:
+            s.finished = True
+            s.truncated = not s.response_ids or s.response_ids[-1] != getattr(engine, "eos_id", -1)
 
     if stream:
         outs = {}
